@@ -1,0 +1,44 @@
+# The two commands of the README:
+#   make run    sets up and runs the main job
+#   make test   sets up and runs the whole test suite (what CI runs)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch first and pinned: on this kind of machine 2.13.0 is the CPU wheel on disk; a looser
+# request could pull a multi-GB CUDA build.
+TORCH ?= torch==2.13.0
+
+.PHONY: setup run test test-fast lint format protos bench
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[local,test,bench]"
+	touch $@
+
+run: setup
+	$(VENV)/bin/apexrl replay --host 127.0.0.1 --checkpoint-dir runs/replay-checkpoints
+
+test: setup lint
+	$(PY) protos/generate.py --check
+	$(PY) -m pytest -q
+
+# The fast loop: unit and integration tests without the slow end-to-end ones.
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" -x
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+protos: setup
+	$(PY) protos/generate.py
+
+bench: setup
+	$(PY) benchmarks/replay_throughput.py

@@ -1,0 +1,1 @@
+"""apexrl: distributed prioritized experience replay (Ape-X) as gRPC microservices."""

@@ -1,0 +1,53 @@
+"""Retrying gRPC calls on UNAVAILABLE with capped exponential backoff and full jitter."""
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import grpc
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Channel options so a channel whose server went away reconnects within seconds, not the
+# default minutes of gRPC's own backoff.
+RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+
+
+class Backoff:
+    """Delays of 0.1 s doubling to `cap`, each drawn uniformly below the current bound."""
+
+    def __init__(self, initial: float = 0.1, cap: float = 5.0):
+        self.initial, self.cap = initial, cap
+        self.bound = initial
+
+    def next_delay(self) -> float:
+        delay = random.uniform(0, self.bound)
+        self.bound = min(self.cap, self.bound * 2)
+        return delay
+
+    def reset(self) -> None:
+        self.bound = self.initial
+
+
+def retry_unavailable(call: Callable[[], T], what: str, retry_seconds: float | None) -> T:
+    """Calls `call` until it does not fail with UNAVAILABLE, for at most `retry_seconds` (None: forever)."""
+    backoff = Backoff()
+    give_up = None if retry_seconds is None else time.monotonic() + retry_seconds
+    while True:
+        try:
+            return call()
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            delay = backoff.next_delay()
+            if give_up is not None and time.monotonic() + delay > give_up:
+                raise
+            log.info("%s: server unavailable (%s), retrying in %.2f s", what, err.details(), delay)
+            time.sleep(delay)

@@ -1,0 +1,249 @@
+"""The server bootstrap every apexrl service shares.
+
+One function, `serve`, gives a service: a grpc.aio server with explicit message size
+limits, the standard health service and reflection (so grpcurl works), per-RPC metrics
+(grpc_server_* names as in go-grpc-prometheus) and request errors turned into status codes
+by one interceptor, Prometheus /metrics on its own port, and graceful shutdown on SIGTERM
+or SIGINT: health NOT_SERVING, in-flight calls get `grace_seconds`, then the service's
+own `on_stop` (e.g. a final checkpoint), then return so the process exits 0.
+"""
+
+import asyncio
+import inspect
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import grpc
+import prometheus_client
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from apexrl.common.errors import RequestError
+from apexrl.config import ServeConfig
+
+log = logging.getLogger(__name__)
+
+_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)  # fmt: skip
+
+
+def message_options(max_message_mb: int) -> list[tuple[str, int]]:
+    """Explicit send/receive limits: gRPC's defaults (4 MiB in) are too small for Atari batches."""
+    limit = max_message_mb * 1024 * 1024
+    return [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
+
+
+class RpcMetrics:
+    """grpc_server_* counters and latency histograms by service, method, type and code."""
+
+    def __init__(self, registry: prometheus_client.CollectorRegistry):
+        labels = ["grpc_type", "grpc_service", "grpc_method"]
+        self.started = prometheus_client.Counter(
+            "grpc_server_started", "RPCs started on the server.", labels, registry=registry
+        )
+        self.handled = prometheus_client.Counter(
+            "grpc_server_handled",
+            "RPCs completed on the server, by status code.",
+            [*labels, "grpc_code"],
+            registry=registry,
+        )
+        self.seconds = prometheus_client.Histogram(
+            "grpc_server_handling_seconds",
+            "Time from RPC start to its status, by status code.",
+            [*labels, "grpc_code"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+
+
+def _rpc_type(handler: grpc.RpcMethodHandler) -> str:
+    return {
+        (False, False): "unary",
+        (True, False): "client_stream",
+        (False, True): "server_stream",
+        (True, True): "bidi_stream",
+    }[(handler.request_streaming, handler.response_streaming)]
+
+
+class ServiceInterceptor(grpc.aio.ServerInterceptor):
+    """Times every RPC and turns RequestError into its status code with the field's message.
+
+    Servicers raise apexrl.common.errors (InvalidArgument, NotFound, ...) anywhere, from
+    plain and streaming handlers alike; this is the one place they become statuses.
+    """
+
+    def __init__(self, metrics: RpcMetrics):
+        self._metrics = metrics
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        service, _, method = handler_call_details.method.lstrip("/").partition("/")
+        labels = (_rpc_type(handler), service, method)
+        metrics = self._metrics
+
+        def finish(context, started: float, error: BaseException | None) -> None:
+            if isinstance(error, asyncio.CancelledError):
+                code = grpc.StatusCode.CANCELLED
+            elif error is not None and not isinstance(error, grpc.aio.AbortError):
+                code = grpc.StatusCode.UNKNOWN
+            else:
+                code = context.code() or grpc.StatusCode.OK
+            name = code.name if isinstance(code, grpc.StatusCode) else str(code)
+            metrics.handled.labels(*labels, name).inc()
+            metrics.seconds.labels(*labels, name).observe(time.perf_counter() - started)
+
+        async def abort_for(error: RequestError, context) -> None:
+            log.debug("%s refused: %s", handler_call_details.method, error)
+            await context.abort(error.code, str(error))
+
+        if handler.response_streaming:
+            behavior = handler.unary_stream or handler.stream_stream
+
+            async def wrapped(request, context):
+                metrics.started.labels(*labels).inc()
+                started, error = time.perf_counter(), None
+                try:
+                    result = behavior(request, context)
+                    if inspect.isasyncgen(result):
+                        async for response in result:
+                            yield response
+                    else:
+                        await result
+                except RequestError as err:
+                    await abort_for(err, context)
+                except BaseException as err:
+                    error = err
+                    raise
+                finally:
+                    finish(context, started, error)
+
+        else:
+            behavior = handler.unary_unary or handler.stream_unary
+
+            async def wrapped(request, context):
+                metrics.started.labels(*labels).inc()
+                started, error = time.perf_counter(), None
+                try:
+                    return await behavior(request, context)
+                except RequestError as err:
+                    await abort_for(err, context)
+                except BaseException as err:
+                    error = err
+                    raise
+                finally:
+                    finish(context, started, error)
+
+        make = {
+            "unary": grpc.unary_unary_rpc_method_handler,
+            "client_stream": grpc.stream_unary_rpc_method_handler,
+            "server_stream": grpc.unary_stream_rpc_method_handler,
+            "bidi_stream": grpc.stream_stream_rpc_method_handler,
+        }[labels[0]]
+        return make(
+            wrapped,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+@dataclass
+class Service:
+    """What a service plugs into `serve`."""
+
+    # Adds the servicers to the server; returns their full service names (for health and reflection).
+    register: Callable[[grpc.aio.Server], list[str]]
+    # Called when shutdown begins, before in-flight calls get their grace (release waiters).
+    on_shutdown: Callable[[], Awaitable[None]] | None = None
+    # Called after the gRPC server has stopped (final checkpoint and the like).
+    on_stop: Callable[[], Awaitable[None]] | None = None
+    # Background tasks to run while serving (periodic checkpoints, training loops); cancelled on stop.
+    background: list[Callable[[], Awaitable[None]]] | None = None
+
+
+async def serve(
+    config: ServeConfig,
+    service: Service,
+    registry: prometheus_client.CollectorRegistry,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Runs until SIGTERM/SIGINT (or `stop` is set), then shuts down gracefully."""
+    server = grpc.aio.server(
+        interceptors=[ServiceInterceptor(RpcMetrics(registry))],
+        options=message_options(config.max_message_mb),
+    )
+    names = service.register(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+    )
+    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    if port == 0:
+        raise OSError(f"cannot bind gRPC port {config.host}:{config.port}")
+    metrics_http, _ = prometheus_client.start_http_server(
+        config.metrics_port, addr=config.host, registry=registry
+    )
+    metrics_port = metrics_http.server_port
+    await server.start()
+    for name in ["", *names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info(
+        "serving %s on %s:%d, metrics on :%d", ", ".join(names), config.host, port, metrics_port
+    )
+    if config.ready_file:
+        write_ready_file(config.ready_file, port=port, metrics_port=metrics_port)
+
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    # Signals reach the main thread only; a server run in a thread (tests) stops via `stop`.
+    signals = (
+        [signal.SIGTERM, signal.SIGINT]
+        if threading.current_thread() is threading.main_thread()
+        else []
+    )
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    tasks = [asyncio.create_task(job()) for job in service.background or []]
+    try:
+        await stop.wait()
+        log.info(
+            "shutting down: health NOT_SERVING, %.1f s grace for in-flight calls",
+            config.grace_seconds,
+        )
+        await health_servicer.enter_graceful_shutdown()
+        if service.on_shutdown is not None:
+            await service.on_shutdown()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await server.stop(config.grace_seconds)
+        if service.on_stop is not None:
+            await service.on_stop()
+    finally:
+        metrics_http.shutdown()
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+    log.info("stopped")
+
+
+def write_ready_file(path: str, **ports: int) -> None:
+    """Atomically writes the bound ports, so a parent process can wait for them (port 0)."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(ports, fh)
+    os.replace(tmp, path)
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )

@@ -1,0 +1,81 @@
+"""numpy <-> apexrl.v1.Tensor / Batch: raw little-endian bytes, dtype and shape; never pickle."""
+
+import math
+
+import numpy as np
+
+from apexrl.common.errors import InvalidArgument
+from apexrl.v1 import tensor_pb2
+
+_TO_NUMPY = {
+    tensor_pb2.FLOAT32: np.dtype("<f4"),
+    tensor_pb2.FLOAT64: np.dtype("<f8"),
+    tensor_pb2.FLOAT16: np.dtype("<f2"),
+    tensor_pb2.INT8: np.dtype("i1"),
+    tensor_pb2.INT16: np.dtype("<i2"),
+    tensor_pb2.INT32: np.dtype("<i4"),
+    tensor_pb2.INT64: np.dtype("<i8"),
+    tensor_pb2.UINT8: np.dtype("u1"),
+    tensor_pb2.UINT16: np.dtype("<u2"),
+    tensor_pb2.UINT32: np.dtype("<u4"),
+    tensor_pb2.UINT64: np.dtype("<u8"),
+    tensor_pb2.BOOL: np.dtype("?"),
+}
+_FROM_NUMPY = {dtype.newbyteorder("="): code for code, dtype in _TO_NUMPY.items()}
+
+
+def dtype_to_proto(dtype: np.dtype) -> int:
+    """The DType enum value for a numpy dtype; ValueError for dtypes the wire cannot carry."""
+    code = _FROM_NUMPY.get(np.dtype(dtype).newbyteorder("="))
+    if code is None:
+        raise ValueError(f"dtype {np.dtype(dtype)} has no apexrl.v1.DType")
+    return code
+
+
+def dtype_from_proto(code: int, field: str) -> np.dtype:
+    dtype = _TO_NUMPY.get(code)
+    if dtype is None:
+        name = tensor_pb2.DType.Name(code) if code in tensor_pb2.DType.values() else code
+        raise InvalidArgument(f"{field}.dtype", f"unsupported dtype {name}")
+    return dtype
+
+
+def to_proto(array: np.ndarray, out: tensor_pb2.Tensor | None = None) -> tensor_pb2.Tensor:
+    """Encodes an array (any layout; converted to little-endian C order)."""
+    array = np.asarray(array)
+    tensor = tensor_pb2.Tensor() if out is None else out
+    tensor.dtype = dtype_to_proto(array.dtype)
+    tensor.shape[:] = array.shape
+    tensor.data = np.ascontiguousarray(array, dtype=_TO_NUMPY[tensor.dtype]).tobytes()
+    return tensor
+
+
+def from_proto(tensor: tensor_pb2.Tensor, field: str) -> np.ndarray:
+    """Decodes without copying the payload (the result is read-only); checks size and shape.
+
+    `field` names the tensor in error messages, e.g. 'batch.columns["obs"]'.
+    """
+    dtype = dtype_from_proto(tensor.dtype, field)
+    shape = tuple(tensor.shape)
+    if any(d < 0 for d in shape):
+        raise InvalidArgument(f"{field}.shape", f"negative dimension in {list(shape)}")
+    expected = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
+    if len(tensor.data) != expected:
+        raise InvalidArgument(
+            f"{field}.data",
+            f"{len(tensor.data)} bytes but shape {list(shape)} of {dtype.name} needs {expected}",
+        )
+    return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+
+
+def batch_to_proto(
+    columns: dict[str, np.ndarray], out: tensor_pb2.Batch | None = None
+) -> tensor_pb2.Batch:
+    batch = tensor_pb2.Batch() if out is None else out
+    for name, array in columns.items():
+        to_proto(array, batch.columns[name])
+    return batch
+
+
+def batch_from_proto(batch: tensor_pb2.Batch, field: str = "batch") -> dict[str, np.ndarray]:
+    return {name: from_proto(t, f'{field}.columns["{name}"]') for name, t in batch.columns.items()}

@@ -1,0 +1,142 @@
+"""One documented config per service, read from defaults < config file < environment < flags.
+
+Each service's settings are a dataclass whose field help is the documentation and the
+`--help`. The same settings come from:
+- a TOML file (`--config FILE` or APEXRL_CONFIG): top-level keys apply to every service,
+  a `[replay]` / `[learner]` / ... table to that service only (one Kubernetes ConfigMap
+  can drive every Deployment);
+- environment variables APEXRL_<FIELD> (e.g. APEXRL_CAPACITY=100000);
+- flags --<field-with-dashes>.
+"""
+
+import argparse
+import dataclasses
+import os
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def option(default: Any, help: str) -> Any:
+    """A config field with its documentation."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class ServeConfig:
+    """Settings every gRPC service shares."""
+
+    host: str = option("0.0.0.0", "address the gRPC server binds")
+    port: int = option(50051, "gRPC port (0 picks a free one; see --ready-file)")
+    metrics_port: int = option(9100, "Prometheus /metrics HTTP port (0 picks a free one)")
+    max_message_mb: int = option(512, "largest gRPC message accepted or sent, in MiB")
+    grace_seconds: float = option(10.0, "on SIGTERM, how long in-flight calls may take to finish")
+    ready_file: str = option("", "once serving, write {'port', 'metrics_port'} as JSON here")
+    log_level: str = option("INFO", "logging level: DEBUG, INFO, WARNING, ERROR")
+
+
+@dataclass
+class ReplayConfig(ServeConfig):
+    """apexrl replay: prioritized experience replay server (one table)."""
+
+    table: str = option("default", "table name")
+    capacity: int = option(1_000_000, "items the table holds; FIFO eviction beyond")
+    alpha: float = option(0.6, "priority exponent: P(i) = p_i^alpha / sum p^alpha; 0 is uniform")
+    signature: str = option(
+        "",
+        "column specs 'name:dtype:d0xd1,...' e.g. 'obs:float32:4,action:int64:' "
+        "(empty: fixed by the first insert)",
+    )
+    min_size_to_sample: int = option(1000, "sampling waits until the table holds this many items")
+    samples_per_insert: float = option(
+        0.0, "rate limiter: target sampled items per inserted item (0 disables the ratio)"
+    )
+    error_buffer: float = option(
+        0.0, "rate limiter: allowed deviation from samples_per_insert, in samples"
+    )
+    max_batch_size: int = option(65_536, "largest insert or sample batch, in items")
+    checkpoint_dir: str = option("", "directory for checkpoints (empty: no checkpoints)")
+    checkpoint_interval: float = option(
+        600.0, "seconds between periodic checkpoints (0: only on request/SIGTERM)"
+    )
+    seed: int = option(0, "sampling RNG seed (0: from the OS)")
+
+
+def _convert(value: Any, kind: type, name: str) -> Any:
+    if kind is bool and isinstance(value, str):
+        lowered = value.strip().lower()
+        if lowered not in {"1", "0", "true", "false", "yes", "no"}:
+            raise ValueError(f"{name}: expected a boolean, got {value!r}")
+        return lowered in {"1", "true", "yes"}
+    try:
+        return kind(value)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name}: expected {kind.__name__}, got {value!r}") from err
+
+
+def env_name(name: str) -> str:
+    return "APEXRL_" + name.upper()
+
+
+def build_parser(cls: type, prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=cls.__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        allow_abbrev=False,
+    )
+    parser.add_argument(
+        "--config",
+        default=os.environ.get("APEXRL_CONFIG", ""),
+        help="TOML config file: top-level keys, then this service's [table] (env APEXRL_CONFIG)",
+    )
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"{f.metadata['help']} (env {env_name(f.name)})"
+        if f.type is bool:
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
+            )
+        else:
+            parser.add_argument(flag, type=f.type, default=f.default, help=help_text)
+    return parser
+
+
+def parse(cls: type[T], argv: list[str] | None, section: str, prog: str) -> T:
+    """Builds cls from defaults, then the config file, then APEXRL_* env, then flags."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(cls, prog)
+    args = parser.parse_args(argv)
+    explicit = {a.dest for a in parser._actions if a.option_strings and _given(a, argv)}
+    kinds = {f.name: f.type for f in dataclasses.fields(cls)}
+    values: dict[str, Any] = {}
+    if args.config:
+        with open(args.config, "rb") as fh:
+            data = tomllib.load(fh)
+        from_file = {k: v for k, v in data.items() if not isinstance(v, dict)}
+        from_file.update(data.get(section, {}))
+        for key, value in from_file.items():
+            if key not in kinds:
+                # Top-level keys are shared by all services: only a section's own keys must match.
+                if key in data.get(section, {}):
+                    parser.error(f"{args.config}: [{section}] has unknown key {key!r}")
+                continue
+            values[key] = _convert(value, kinds[key], f"{args.config}: {key}")
+    for name, kind in kinds.items():
+        if env_name(name) in os.environ:
+            values[name] = _convert(os.environ[env_name(name)], kind, env_name(name))
+    for name in kinds:
+        if name in explicit:
+            values[name] = getattr(args, name)
+    return cls(**values)
+
+
+def _given(action: argparse.Action, argv: list[str]) -> bool:
+    """Whether the flag appears on the command line (argparse cannot tell a default from a value)."""
+    names = set(action.option_strings)
+    if isinstance(action, argparse.BooleanOptionalAction):
+        names |= {s.replace("--", "--no-", 1) for s in action.option_strings}
+    return any(t.split("=", 1)[0] in names for t in argv)

@@ -1,0 +1,124 @@
+"""Dueling Q-network, and its weights as plain numpy arrays.
+
+Two torsos: an MLP for 1-D float observations (CartPole) and the Nature-DQN conv
+stack for uint8 images laid out [H, W, C] (Atari). Both feed the same dueling
+head: Q = V + A - mean(A).
+
+Weights travel over gRPC as raw float32 tensors, never pickle, so the helpers at
+the bottom turn a module into an ordered dict name -> numpy array and back.
+"""
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import nn
+
+
+class MLPTorso(nn.Module):
+    """Linear + ReLU layers on 1-D observations, cast to float32 (envs may give float64)."""
+
+    def __init__(self, obs_dim: int, hidden: Sequence[int]):
+        super().__init__()
+        layers: list[nn.Module] = []
+        width = obs_dim
+        for size in hidden:
+            layers += [nn.Linear(width, size), nn.ReLU()]
+            width = size
+        self.layers = nn.Sequential(*layers)
+        self.out_dim = width
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.layers(obs.float())
+
+
+class NatureConvTorso(nn.Module):
+    """Mnih et al. (2015) conv stack plus its 512-unit layer, on uint8 [B, H, W, C] input."""
+
+    def __init__(self, obs_shape: Sequence[int]):
+        super().__init__()
+        height, width, channels = obs_shape
+        self.convs = nn.Sequential(
+            nn.Conv2d(channels, 32, kernel_size=8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, kernel_size=4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 64, kernel_size=3, stride=1),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
+        # Works out the flattened size (3136 for 84x84) instead of hard-coding it.
+        with torch.no_grad():
+            flat = self.convs(torch.zeros(1, channels, height, width)).shape[1]
+        self.fc = nn.Sequential(nn.Linear(flat, 512), nn.ReLU())
+        self.out_dim = 512
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        # Channels-last uint8 -> channels-first floats in [0, 1].
+        x = obs.permute(0, 3, 1, 2).float() / 255.0
+        return self.fc(self.convs(x))
+
+
+class QNetwork(nn.Module):
+    """Torso followed by a dueling head; forward returns Q-values [B, num_actions]."""
+
+    def __init__(self, torso: nn.Module, feature_dim: int, num_actions: int):
+        super().__init__()
+        self.torso = torso
+        self.value = nn.Linear(feature_dim, 1)
+        self.advantage = nn.Linear(feature_dim, num_actions)
+        self.num_actions = num_actions
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        features = self.torso(obs)
+        value = self.value(features)
+        advantage = self.advantage(features)
+        # Subtracting the mean advantage makes V and A identifiable (Wang et al. 2016).
+        return value + advantage - advantage.mean(dim=1, keepdim=True)
+
+
+def build_network(
+    obs_shape: Sequence[int],
+    obs_dtype: npt.DTypeLike,
+    num_actions: int,
+    hidden: Sequence[int] = (128, 128),
+) -> QNetwork:
+    """MLP torso for 1-D float obs, Nature conv torso for uint8 [H, W, C] obs."""
+    obs_shape = tuple(obs_shape)
+    dtype = np.dtype(obs_dtype)
+    if num_actions < 1:
+        raise ValueError(f"num_actions must be >= 1, got {num_actions}")
+    if len(obs_shape) == 1 and np.issubdtype(dtype, np.floating):
+        mlp = MLPTorso(obs_shape[0], hidden)
+        return QNetwork(mlp, mlp.out_dim, num_actions)
+    if len(obs_shape) == 3 and dtype == np.uint8:
+        conv = NatureConvTorso(obs_shape)
+        return QNetwork(conv, conv.out_dim, num_actions)
+    raise ValueError(
+        f"obs_shape {obs_shape} with obs_dtype {dtype}: expected 1-D float or uint8 [H, W, C]"
+    )
+
+
+def state_to_numpy(module: nn.Module) -> "OrderedDict[str, np.ndarray]":
+    """All weights as name -> float32 C-contiguous arrays, copied (no aliasing of live weights)."""
+    return OrderedDict(
+        (name, tensor.detach().to("cpu", torch.float32).numpy().copy(order="C"))
+        for name, tensor in module.state_dict().items()
+    )
+
+
+def load_numpy_state(module: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
+    """Copies arrays (as from state_to_numpy) into module's weights, in place.
+
+    Names must match exactly; load_state_dict checks shapes and casts to each
+    weight's dtype and device.
+    """
+    expected = set(module.state_dict().keys())
+    got = set(arrays.keys())
+    if got != expected:
+        missing, unexpected = sorted(expected - got), sorted(got - expected)
+        raise ValueError(f"weight names differ: missing {missing}, unexpected {unexpected}")
+    # torch.tensor copies, so read-only buffers (np.frombuffer on gRPC bytes) are fine.
+    module.load_state_dict({name: torch.tensor(array) for name, array in arrays.items()})

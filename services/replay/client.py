@@ -1,0 +1,156 @@
+"""ReplayClient: the learner's and actors' view of a replay server.
+
+Every call carries a deadline and is retried with backoff while the server is UNAVAILABLE
+(restarting, partitioned), for up to `retry_seconds` (None: forever, as actors want).
+Inserts may be re-sent after a reconnect, so delivery is at-least-once.
+"""
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+
+from apexrl.common import tensors
+from apexrl.common.backoff import RECONNECT_OPTIONS, Backoff, retry_unavailable
+from apexrl.common.serving import message_options
+from apexrl.v1 import replay_pb2, replay_pb2_grpc
+
+# Deadline of a long-lived stream (inserts, prefetching samples); clients reopen well before it.
+STREAM_SECONDS = 3600.0
+
+
+@dataclass
+class SampledBatch:
+    columns: dict[str, np.ndarray]
+    keys: np.ndarray  # int64 [B]
+    probabilities: np.ndarray  # float64 [B]
+    weights: np.ndarray  # float32 [B]
+    table_size: int
+
+    @classmethod
+    def from_proto(cls, response: replay_pb2.SampleResponse) -> "SampledBatch":
+        return cls(
+            columns=tensors.batch_from_proto(response.batch),
+            keys=tensors.from_proto(response.keys, "keys"),
+            probabilities=tensors.from_proto(response.probabilities, "probabilities"),
+            weights=tensors.from_proto(response.weights, "weights"),
+            table_size=response.table_size,
+        )
+
+
+def insert_request(
+    table: str, columns: dict[str, np.ndarray], priorities: np.ndarray | None
+) -> replay_pb2.InsertRequest:
+    request = replay_pb2.InsertRequest(table=table)
+    tensors.batch_to_proto(columns, request.batch)
+    if priorities is not None:
+        tensors.to_proto(priorities, request.priorities)
+    return request
+
+
+class ReplayClient:
+    def __init__(
+        self,
+        address: str,
+        *,
+        table: str = "default",
+        timeout: float = 30.0,
+        retry_seconds: float | None = 60.0,
+        max_message_mb: int = 512,
+    ):
+        self.address, self.table, self.timeout, self.retry_seconds = (
+            address, table, timeout, retry_seconds,
+        )  # fmt: skip
+        self.channel = grpc.insecure_channel(
+            address, options=message_options(max_message_mb) + RECONNECT_OPTIONS
+        )
+        self.stub = replay_pb2_grpc.ReplayStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> "ReplayClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _retry(self, call, what: str):
+        return retry_unavailable(call, f"replay {self.address} {what}", self.retry_seconds)
+
+    def insert(
+        self, columns: dict[str, np.ndarray], priorities: np.ndarray | None = None
+    ) -> replay_pb2.InsertResponse:
+        """Inserts one columnar batch; returns once it is in the table.
+
+        A batch the rate limiter holds waits up to the client's timeout (DEADLINE_EXCEEDED).
+        """
+        request = insert_request(self.table, columns, priorities)
+        return self._retry(
+            lambda: next(self.stub.Insert(iter([request]), timeout=self.timeout)), "insert"
+        )
+
+    def sample(self, batch_size: int, beta: float = 0.4) -> SampledBatch:
+        request = replay_pb2.SampleRequest(table=self.table, batch_size=batch_size, beta=beta)
+        response = self._retry(lambda: self.stub.Sample(request, timeout=self.timeout), "sample")
+        return SampledBatch.from_proto(response)
+
+    def sample_stream(
+        self, batch_size: int, beta: float = 0.4, max_batches: int = 0
+    ) -> Iterator[SampledBatch]:
+        """Batches streamed by the server (prefetching); reopens the stream after outages.
+
+        With max_batches = 0 it runs until the caller stops iterating. A stream ends at its
+        deadline (STREAM_SECONDS) and is reopened.
+        """
+        sample = replay_pb2.SampleRequest(table=self.table, batch_size=batch_size, beta=beta)
+        received, backoff = 0, Backoff()
+        while max_batches == 0 or received < max_batches:
+            remaining = 0 if max_batches == 0 else max_batches - received
+            request = replay_pb2.SampleStreamRequest(sample=sample, max_batches=remaining)
+            call = self.stub.SampleStream(request, timeout=STREAM_SECONDS)
+            try:
+                for response in call:
+                    backoff.reset()
+                    received += 1
+                    yield SampledBatch.from_proto(response)
+            except grpc.RpcError as err:
+                if err.code() == grpc.StatusCode.UNAVAILABLE:
+                    time.sleep(backoff.next_delay())
+                elif err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise
+            finally:
+                call.cancel()
+
+    def update_priorities(
+        self, keys: np.ndarray, priorities: np.ndarray
+    ) -> replay_pb2.UpdatePrioritiesResponse:
+        request = self.update_request(keys, priorities)
+        return self._retry(
+            lambda: self.stub.UpdatePriorities(request, timeout=self.timeout), "update_priorities"
+        )
+
+    def update_request(
+        self, keys: np.ndarray, priorities: np.ndarray
+    ) -> replay_pb2.UpdatePrioritiesRequest:
+        request = replay_pb2.UpdatePrioritiesRequest(table=self.table)
+        tensors.to_proto(np.asarray(keys, np.int64), request.keys)
+        tensors.to_proto(priorities, request.priorities)
+        return request
+
+    def info(self) -> replay_pb2.TableInfo:
+        response = self._retry(
+            lambda: self.stub.Info(replay_pb2.InfoRequest(), timeout=self.timeout), "info"
+        )
+        for table in response.tables:
+            if table.name == self.table:
+                return table
+        raise KeyError(f"replay {self.address} has no table {self.table!r}")
+
+    def checkpoint(self) -> replay_pb2.CheckpointResponse:
+        return self._retry(
+            lambda: self.stub.Checkpoint(replay_pb2.CheckpointRequest(), timeout=self.timeout),
+            "checkpoint",
+        )

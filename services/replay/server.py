@@ -1,0 +1,385 @@
+"""The replay gRPC service: tables behind the apexrl.v1.Replay contract.
+
+Every table operation runs on the asyncio event loop, one at a time, so tables need no
+locks. Callers the rate limiter holds back wait on one condition that every insert and
+sample notifies, bounded by their deadline. A checkpoint copies the arrays on the loop
+(the only pause) and writes the file in a worker thread.
+"""
+
+import asyncio
+import logging
+import time
+
+import grpc
+import numpy as np
+import prometheus_client
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+
+from apexrl.common import tensors
+from apexrl.common.errors import FailedPrecondition, NotFound
+from apexrl.common.serving import Service
+from apexrl.config import ReplayConfig
+from apexrl.replay import checkpoint
+from apexrl.replay.table import ColumnSpec, RateLimiter, Table
+from apexrl.v1 import replay_pb2, replay_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+# Sample age (inserts since an item was written) buckets: powers of 4 up to 4^12 ~ 16.8 M.
+AGE_BUCKETS = np.array([4.0**k for k in range(13)])
+# Stored priority buckets, log-spaced.
+PRIORITY_BUCKETS = np.array(
+    [0.0, 1e-4, 1e-3, 1e-2, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 1e3]
+)
+
+
+def parse_signature(text: str) -> list[ColumnSpec] | None:
+    """'obs:float32:4,action:int64:,frame:uint8:84x84x4' -> column specs (None when empty)."""
+    if not text.strip():
+        return None
+    specs = []
+    for part in text.split(","):
+        try:
+            name, dtype, dims = (p.strip() for p in part.split(":"))
+            shape = tuple(int(d) for d in dims.split("x")) if dims else ()
+            specs.append(ColumnSpec(name, np.dtype(dtype), shape))
+        except (ValueError, TypeError) as err:
+            raise ValueError(
+                f"signature: cannot parse {part!r} as name:dtype:d0xd1 ({err})"
+            ) from err
+    return specs
+
+
+class ReplayMetrics:
+    """Prometheus view of the tables: state is read at scrape time, never kept twice."""
+
+    def __init__(self, registry: prometheus_client.CollectorRegistry, tables: dict[str, Table]):
+        self.tables = tables
+        self.age_counts = {name: np.zeros(len(AGE_BUCKETS) + 1, np.int64) for name in tables}
+        self.age_sums = dict.fromkeys(tables, 0.0)
+        self.wait_seconds = prometheus_client.Histogram(
+            "apexrl_replay_rate_limiter_wait_seconds",
+            "Time an insert or sample waited for the rate limiter.",
+            ["table", "operation"],
+            buckets=(0.001, 0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=registry,
+        )
+        self.checkpoint_seconds = prometheus_client.Gauge(
+            "apexrl_replay_checkpoint_duration_seconds",
+            "Duration of the last checkpoint.",
+            registry=registry,
+        )
+        self.checkpoint_bytes = prometheus_client.Gauge(
+            "apexrl_replay_checkpoint_size_bytes", "Size of the last checkpoint.", registry=registry
+        )
+        self.checkpoint_time = prometheus_client.Gauge(
+            "apexrl_replay_checkpoint_timestamp_seconds",
+            "Unix time the last checkpoint was durable (0: none yet).",
+            registry=registry,
+        )
+        self.checkpoint_failures = prometheus_client.Counter(
+            "apexrl_replay_checkpoint_failures",
+            "Checkpoints that failed to write.",
+            registry=registry,
+        )
+        age = prometheus_client.Gauge(
+            "apexrl_replay_checkpoint_age_seconds",
+            "Seconds since the last durable checkpoint (-1: none yet).",
+            registry=registry,
+        )
+        age.set_function(
+            lambda: time.time() - t if (t := self.checkpoint_time._value.get()) else -1
+        )
+        registry.register(self)
+
+    def observe_sample(self, table: Table, keys: np.ndarray) -> None:
+        ages = (table.inserts - 1 - keys).astype(np.float64)
+        self.age_counts[table.name] += np.bincount(
+            np.searchsorted(AGE_BUCKETS, ages, side="left"), minlength=len(AGE_BUCKETS) + 1
+        )
+        self.age_sums[table.name] += float(ages.sum())
+
+    def collect(self):
+        gauges = {
+            "size": ("Items stored.", lambda t: t.size),
+            "capacity": ("Items the table can hold.", lambda t: t.capacity),
+            "total_priority": ("Sum of p^alpha over stored items.", lambda t: t.total_priority),
+            "max_priority": ("Largest priority set so far.", lambda t: t.max_priority),
+        }
+        for name, (doc, get) in gauges.items():
+            family = GaugeMetricFamily(f"apexrl_replay_{name}", doc, labels=["table"])
+            for table in self.tables.values():
+                family.add_metric([table.name], float(get(table)))
+            yield family
+        counters = {
+            "inserts": ("Items inserted.", "inserts"),
+            "samples": ("Items sampled (a batch of B counts B).", "samples"),
+            "priority_updates": ("Priorities set by UpdatePriorities.", "priority_updates"),
+            "stale_priority_updates": (
+                "Updates ignored: item overwritten.",
+                "stale_priority_updates",
+            ),
+        }
+        for name, (doc, attr) in counters.items():
+            family = CounterMetricFamily(f"apexrl_replay_{name}", doc, labels=["table"])
+            for table in self.tables.values():
+                family.add_metric([table.name], float(getattr(table, attr)))
+            yield family
+        priorities = GaugeHistogramMetricFamily(
+            "apexrl_replay_priority", "Priorities of the stored items.", labels=["table"]
+        )
+        ages = HistogramMetricFamily(
+            "apexrl_replay_sample_age",
+            "Age of sampled items, in inserts since the item was written.",
+            labels=["table"],
+        )
+        for table in self.tables.values():
+            stored = table.priorities[: table.size]
+            counts = np.bincount(
+                np.searchsorted(PRIORITY_BUCKETS, stored, side="left"),
+                minlength=len(PRIORITY_BUCKETS) + 1,
+            )
+            priorities.add_metric(
+                [table.name], _buckets(PRIORITY_BUCKETS, counts), float(stored.sum())
+            )
+            age_counts = self.age_counts[table.name]
+            ages.add_metric(
+                [table.name], _buckets(AGE_BUCKETS, age_counts), self.age_sums[table.name]
+            )
+        yield priorities
+        yield ages
+
+
+def _buckets(bounds: np.ndarray, counts: np.ndarray) -> list[tuple[str, float]]:
+    """Cumulative (le, count) pairs from per-bucket counts (last count is the +Inf overflow)."""
+    cumulative = np.cumsum(counts)
+    pairs = [(repr(float(b)), float(c)) for b, c in zip(bounds, cumulative[:-1], strict=True)]
+    return [*pairs, ("+Inf", float(cumulative[-1]))]
+
+
+class ReplayServicer(replay_pb2_grpc.ReplayServicer):
+    def __init__(self, tables: dict[str, Table], metrics: ReplayMetrics, checkpoint_dir: str = ""):
+        self.tables = tables
+        self.metrics = metrics
+        self.checkpoint_dir = checkpoint_dir
+        self._changed = asyncio.Condition()
+        self._checkpoint_lock = asyncio.Lock()
+        self._stopping = False
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _table(self, name: str) -> Table:
+        table = self.tables.get(name)
+        if table is None:
+            raise NotFound("table", f"no table {name!r} (tables: {sorted(self.tables)})")
+        return table
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _wait(self, context, table: Table, operation: str, ready) -> None:
+        """Waits until the rate limiter admits the call, bounded by the call's deadline."""
+        if ready():
+            return
+        started = time.perf_counter()
+        remaining = context.time_remaining()
+        try:
+            async with self._changed:
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: self._stopping or ready()), remaining
+                )
+        except TimeoutError:
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"rate limiter held this {operation} on table {table.name!r} until the deadline",
+            )
+        finally:
+            self.metrics.wait_seconds.labels(table.name, operation).observe(
+                time.perf_counter() - started
+            )
+        if self._stopping:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "replay server is shutting down")
+
+    async def stop_waiters(self) -> None:
+        """Releases every call the rate limiter holds (they end UNAVAILABLE)."""
+        self._stopping = True
+        await self._notify()
+
+    # --- rpcs ------------------------------------------------------------------------------
+
+    async def Insert(self, request_iterator, context):
+        async for request in request_iterator:
+            table = self._table(request.table)
+            columns = tensors.batch_from_proto(request.batch)
+            priorities = (
+                tensors.from_proto(request.priorities, "priorities")
+                if request.HasField("priorities")
+                else None
+            )
+            n = table.validate_insert(columns, priorities)
+            await self._wait(context, table, "insert", table.can_insert)
+            first_key = table.insert(columns, priorities)
+            await self._notify()
+            yield replay_pb2.InsertResponse(inserted=n, first_key=first_key, table_size=table.size)
+
+    async def _sample(
+        self, request: replay_pb2.SampleRequest, context
+    ) -> replay_pb2.SampleResponse:
+        table = self._table(request.table)
+        table.validate_sample(request.batch_size, request.beta)
+        await self._wait(context, table, "sample", table.can_sample)
+        result = table.sample(request.batch_size, request.beta)
+        await self._notify()
+        self.metrics.observe_sample(table, result.keys)
+        response = replay_pb2.SampleResponse(table_size=result.table_size)
+        tensors.batch_to_proto(result.columns, response.batch)
+        tensors.to_proto(result.keys, response.keys)
+        tensors.to_proto(result.probabilities, response.probabilities)
+        tensors.to_proto(result.weights, response.weights)
+        return response
+
+    async def Sample(self, request, context):
+        return await self._sample(request, context)
+
+    async def SampleStream(self, request, context):
+        sent = 0
+        while (request.max_batches == 0 or sent < request.max_batches) and not self._stopping:
+            yield await self._sample(request.sample, context)
+            sent += 1
+
+    async def UpdatePriorities(self, request, context):
+        table = self._table(request.table)
+        keys = tensors.from_proto(request.keys, "keys")
+        priorities = tensors.from_proto(request.priorities, "priorities")
+        updated, stale = table.update_priorities(keys, priorities)
+        return replay_pb2.UpdatePrioritiesResponse(updated=updated, stale=stale)
+
+    async def Info(self, request, context):
+        tables = [table_info(t, request.include_digest) for t in self.tables.values()]
+        return replay_pb2.InfoResponse(tables=tables)
+
+    async def Checkpoint(self, request, context):
+        if not self.checkpoint_dir:
+            raise FailedPrecondition("checkpoint_dir", "the server was started without one")
+        return await self.checkpoint()
+
+    async def checkpoint(self) -> replay_pb2.CheckpointResponse:
+        """Copies every table on the loop, then writes the file in a worker thread."""
+        async with self._checkpoint_lock:
+            started = time.perf_counter()
+            states = [t.snapshot() for t in self.tables.values()]
+            paused = time.perf_counter() - started
+            try:
+                path, size = await asyncio.to_thread(
+                    checkpoint.write_checkpoint, self.checkpoint_dir, states
+                )
+            except OSError:
+                self.metrics.checkpoint_failures.inc()
+                raise
+            seconds = time.perf_counter() - started
+            self.metrics.checkpoint_seconds.set(seconds)
+            self.metrics.checkpoint_bytes.set(size)
+            self.metrics.checkpoint_time.set(time.time())
+            log.info(
+                "checkpoint %s: %d bytes in %.2f s (tables paused %.3f s)",
+                path,
+                size,
+                seconds,
+                paused,
+            )
+            return replay_pb2.CheckpointResponse(path=str(path), size_bytes=size, seconds=seconds)
+
+
+def table_info(table: Table, include_digest: bool = False) -> replay_pb2.TableInfo:
+    limiter = table.rate_limiter
+    return replay_pb2.TableInfo(
+        name=table.name,
+        capacity=table.capacity,
+        size=table.size,
+        signature=[
+            replay_pb2.ColumnSpec(name=c.name, dtype=tensors.dtype_to_proto(c.dtype), shape=c.shape)
+            for c in table.signature or []
+        ],
+        alpha=table.alpha,
+        min_size_to_sample=limiter.min_size_to_sample,
+        samples_per_insert=limiter.samples_per_insert,
+        error_buffer=limiter.error_buffer,
+        inserts=table.inserts,
+        samples=table.samples,
+        priority_updates=table.priority_updates,
+        stale_priority_updates=table.stale_priority_updates,
+        total_priority=table.total_priority,
+        max_priority=table.max_priority,
+        digest=table.digest() if include_digest else "",
+    )
+
+
+def build(
+    config: ReplayConfig, registry: prometheus_client.CollectorRegistry
+) -> tuple[Service, ReplayServicer]:
+    """The replay service as a library: tables from config, restored from the newest checkpoint."""
+    table = Table(
+        config.table,
+        config.capacity,
+        alpha=config.alpha,
+        rate_limiter=RateLimiter(
+            min_size_to_sample=config.min_size_to_sample,
+            samples_per_insert=config.samples_per_insert,
+            error_buffer=config.error_buffer,
+        ),
+        signature=parse_signature(config.signature),
+        max_batch_size=config.max_batch_size,
+        seed=config.seed or None,
+    )
+    tables = {table.name: table}
+    if config.checkpoint_dir:
+        restored = checkpoint.load_newest(config.checkpoint_dir)
+        if restored is None:
+            log.info("no checkpoint in %s: starting empty", config.checkpoint_dir)
+        else:
+            path, states = restored
+            for state in states:
+                if state.name not in tables:
+                    raise ValueError(
+                        f"checkpoint {path} holds table {state.name!r}, not configured"
+                    )
+                tables[state.name].restore(state)
+                log.info(
+                    "restored table %r from %s: %d items, %d inserts, %d samples",
+                    state.name, path, tables[state.name].size,
+                    tables[state.name].inserts, tables[state.name].samples,
+                )  # fmt: skip
+    metrics = ReplayMetrics(registry, tables)
+    servicer = ReplayServicer(tables, metrics, config.checkpoint_dir)
+
+    def register(server: grpc.aio.Server) -> list[str]:
+        replay_pb2_grpc.add_ReplayServicer_to_server(servicer, server)
+        return [replay_pb2.DESCRIPTOR.services_by_name["Replay"].full_name]
+
+    async def periodic_checkpoints() -> None:
+        while True:
+            await asyncio.sleep(config.checkpoint_interval)
+            try:
+                await servicer.checkpoint()
+            except OSError as err:
+                log.error("periodic checkpoint failed, previous ones kept: %s", err)
+
+    async def on_stop() -> None:
+        if config.checkpoint_dir:
+            try:
+                await servicer.checkpoint()
+            except OSError as err:
+                log.error("final checkpoint failed, previous ones kept: %s", err)
+
+    background = (
+        [periodic_checkpoints] if config.checkpoint_dir and config.checkpoint_interval > 0 else []
+    )
+    return Service(
+        register=register, on_shutdown=servicer.stop_waiters, on_stop=on_stop, background=background
+    ), servicer

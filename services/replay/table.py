@@ -1,0 +1,616 @@
+"""A prioritized replay table: fixed-capacity columnar storage, FIFO eviction, a sum tree.
+
+Semantics are those of protos/apexrl/v1/replay.proto. Items live in preallocated numpy
+arrays, one per signature column, indexed by slot; the item with key k (its insertion
+sequence number) lives in slot k % capacity until key k + capacity overwrites it.
+
+Every mutating method validates its whole request before touching anything, so a
+rejected request (InvalidArgument / FailedPrecondition) leaves the table byte-for-byte
+unchanged, as digest() shows. The table is not thread-safe: the server calls it from
+one event loop.
+"""
+
+import hashlib
+import json
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from apexrl.common.errors import FailedPrecondition, InvalidArgument
+from apexrl.replay.sumtree import SumTree, last_occurrence
+
+# The dtypes apexrl.v1.DType can carry (all little-endian; '<f4' == '=f4' here).
+ALLOWED_DTYPES = frozenset(
+    np.dtype(s)
+    for s in ("<f2", "<f4", "<f8", "i1", "<i2", "<i4", "<i8", "u1", "<u2", "<u4", "<u8", "?")
+)
+_PRIORITY_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_KEY_DTYPES = (np.dtype(np.int64), np.dtype(np.uint64))
+# UpdatePriorities batches are small arrays of keys, not items: a generous separate limit.
+MAX_UPDATE_BATCH = 1 << 20
+_MAX_NAME_LENGTH = 256
+
+
+def _check_name(name: object, what: str) -> None:
+    if not isinstance(name, str) or not name or len(name) > _MAX_NAME_LENGTH:
+        raise ValueError(f"{what} must be a non-empty string of <= {_MAX_NAME_LENGTH} chars")
+    if not name.isprintable():
+        raise ValueError(f"{what} {name!r} has non-printable characters")
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """One signature column: the dtype and shape of a single item."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        _check_name(self.name, "column name")
+        dtype = np.dtype(self.dtype)
+        if dtype not in ALLOWED_DTYPES:
+            raise ValueError(f"column {self.name!r}: dtype {dtype} is not a wire dtype")
+        shape = tuple(int(d) for d in self.shape)
+        if any(d < 0 for d in shape):
+            raise ValueError(f"column {self.name!r}: negative dimension in shape {shape}")
+        # Normalized so that equal specs compare equal however they were spelled.
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "shape", shape)
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype.str, "shape": list(self.shape)}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "ColumnSpec":
+        return cls(obj["name"], np.dtype(obj["dtype"]), tuple(obj["shape"]))
+
+
+@dataclass(frozen=True)
+class RateLimiter:
+    """Reverb's SampleToInsertRatio limiter, adapted to batches so it can never deadlock.
+
+    With diff = inserts * samples_per_insert - samples (samples counted in items):
+
+    - sampling needs size >= min_size_to_sample and, if samples_per_insert > 0,
+      diff > min_diff = samples_per_insert * min_size_to_sample - error_buffer;
+    - inserting needs, if samples_per_insert > 0,
+      diff < max_diff = samples_per_insert * min_size_to_sample + error_buffer.
+
+    A batch is admitted when the limiter is inside its window *before* the batch, and
+    may overshoot the window by its own size. Reverb instead requires the state after
+    the batch to be inside the window, which deadlocks any batch larger than the window
+    (2 * error_buffer): both sides wait forever. Here, whenever a caller cannot insert,
+    diff >= max_diff > min_diff, and inserts > min_size_to_sample (so size >=
+    min_size_to_sample, as capacity >= min_size_to_sample): a sampler can proceed.
+    Symmetrically, whenever sampling is blocked, inserting is allowed. So some side can
+    always move, whatever the batch sizes.
+
+    samples_per_insert == 0 disables the ratio: only min_size_to_sample applies.
+    """
+
+    min_size_to_sample: int = 1
+    samples_per_insert: float = 0.0
+    error_buffer: float = 0.0
+
+    def __post_init__(self) -> None:
+        m, spi, eb = self.min_size_to_sample, self.samples_per_insert, self.error_buffer
+        if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 1:
+            raise ValueError(f"min_size_to_sample must be an integer >= 1, got {m!r}")
+        if not isinstance(spi, numbers.Real) or not math.isfinite(spi) or spi < 0:
+            raise ValueError(f"samples_per_insert must be finite and >= 0, got {spi!r}")
+        if not isinstance(eb, numbers.Real) or not math.isfinite(eb) or eb < 0:
+            raise ValueError(f"error_buffer must be finite and >= 0, got {eb!r}")
+        if spi > 0 and eb <= 0:
+            raise ValueError(
+                f"error_buffer must be > 0 when samples_per_insert > 0, got {eb!r}"
+                " (a zero-width window would let neither side move)"
+            )
+        object.__setattr__(self, "min_size_to_sample", int(m))
+        object.__setattr__(self, "samples_per_insert", float(spi))
+        object.__setattr__(self, "error_buffer", float(eb))
+
+    def _diff(self, inserts: int, samples: int) -> float:
+        return inserts * self.samples_per_insert - samples
+
+    def can_insert(self, inserts: int, samples: int) -> bool:
+        if self.samples_per_insert == 0:
+            return True
+        max_diff = self.samples_per_insert * self.min_size_to_sample + self.error_buffer
+        return self._diff(inserts, samples) < max_diff
+
+    def can_sample(self, inserts: int, samples: int, size: int) -> bool:
+        if size < self.min_size_to_sample:
+            return False
+        if self.samples_per_insert == 0:
+            return True
+        min_diff = self.samples_per_insert * self.min_size_to_sample - self.error_buffer
+        return self._diff(inserts, samples) > min_diff
+
+    def to_json(self) -> dict:
+        return {
+            "min_size_to_sample": self.min_size_to_sample,
+            "samples_per_insert": self.samples_per_insert,
+            "error_buffer": self.error_buffer,
+        }
+
+
+@dataclass(eq=False)  # holds arrays: == would be ambiguous
+class SampleResult:
+    columns: dict[str, np.ndarray]  # gathered copies, [batch_size, *column_shape]
+    keys: np.ndarray  # int64 [batch_size]
+    probabilities: np.ndarray  # float64 [batch_size], P(i) at sampling time
+    weights: np.ndarray  # float32 [batch_size], largest is 1
+    table_size: int
+
+
+@dataclass(eq=False)  # holds arrays: compare Table digests instead
+class TableState:
+    """A table's complete state, as copies: what a checkpoint holds.
+
+    columns hold only the used rows 0 .. size - 1 (slots fill from 0 and never empty
+    again, so those are exactly the stored items); slot_keys and priorities hold all
+    `capacity` slots.
+    """
+
+    name: str
+    capacity: int
+    alpha: float
+    signature: tuple[ColumnSpec, ...] | None
+    rate_limiter: RateLimiter
+    max_batch_size: int
+    inserts: int
+    samples: int
+    priority_updates: int
+    stale_priority_updates: int
+    max_priority: float
+    slot_keys: np.ndarray  # int64 [capacity], -1 = empty
+    priorities: np.ndarray  # float64 [capacity], raw p (0 for empty slots)
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return min(self.inserts, self.capacity)
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _check_priorities(priorities: object, n: int, what: str) -> np.ndarray:
+    """Returns the priorities as float64 [n]; InvalidArgument('priorities', ...) if bad."""
+    if not isinstance(priorities, np.ndarray):
+        raise InvalidArgument("priorities", f"must be an array, got {type(priorities).__name__}")
+    if priorities.dtype not in _PRIORITY_DTYPES:
+        raise InvalidArgument(
+            "priorities", f"dtype must be float32 or float64, got {priorities.dtype}"
+        )
+    if priorities.shape != (n,):
+        raise InvalidArgument(
+            "priorities", f"shape must be [{n}] ({what}), got {list(priorities.shape)}"
+        )
+    p = priorities.astype(np.float64)
+    bad = ~np.isfinite(p) | (p < 0)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InvalidArgument("priorities", f"must be finite and >= 0, got {p[i]} at index {i}")
+    return p
+
+
+class Table:
+    def __init__(
+        self,
+        name: str,
+        capacity: int,
+        *,
+        alpha: float = 0.6,
+        rate_limiter: RateLimiter = RateLimiter(),  # noqa: B008 (frozen, so sharing is safe)
+        signature: list[ColumnSpec] | None = None,
+        max_batch_size: int = 65536,
+        seed: int | None = None,
+    ):
+        _check_name(name, "table name")
+        if not _is_int(capacity) or capacity < 1:
+            raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
+        if not isinstance(alpha, numbers.Real) or not math.isfinite(alpha) or alpha < 0:
+            raise ValueError(f"alpha must be finite and >= 0, got {alpha!r}")
+        if not isinstance(rate_limiter, RateLimiter):
+            raise ValueError(f"rate_limiter must be a RateLimiter, got {rate_limiter!r}")
+        if capacity < rate_limiter.min_size_to_sample:
+            raise ValueError(
+                f"capacity {capacity} < min_size_to_sample {rate_limiter.min_size_to_sample}:"
+                " the table could never be sampled"
+            )
+        if not _is_int(max_batch_size) or max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
+        self.name = name
+        self.capacity = int(capacity)
+        self.alpha = float(alpha)
+        self.rate_limiter = rate_limiter
+        self.max_batch_size = int(max_batch_size)
+        self._rng = np.random.default_rng(seed)
+
+        self.slot_keys = np.full(self.capacity, -1, dtype=np.int64)
+        self.priorities = np.zeros(self.capacity, dtype=np.float64)
+        self.tree = SumTree(self.capacity)
+        self.inserts = 0  # also the next key
+        self.samples = 0
+        self.priority_updates = 0
+        self.stale_priority_updates = 0
+        self.max_priority = 1.0
+
+        self._signature: tuple[ColumnSpec, ...] | None = None
+        self._columns: dict[str, np.ndarray] = {}
+        if signature is not None:
+            self._declare(self._check_signature(signature))
+
+    # --- signature and storage -------------------------------------------------------
+
+    @staticmethod
+    def _check_signature(signature: list[ColumnSpec]) -> tuple[ColumnSpec, ...]:
+        specs = tuple(signature)
+        if not specs:
+            raise ValueError("signature must have at least one column (or be None)")
+        if not all(isinstance(s, ColumnSpec) for s in specs):
+            raise ValueError("signature must be a list of ColumnSpec")
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"signature has duplicate column names: {names}")
+        return specs
+
+    def _declare(self, specs: tuple[ColumnSpec, ...]) -> None:
+        # np.zeros maps pages lazily: resident memory grows as slots are first written.
+        columns = {s.name: np.zeros((self.capacity, *s.shape), dtype=s.dtype) for s in specs}
+        self._columns = columns  # assigned only once every allocation succeeded
+        self._signature = specs
+
+    @property
+    def signature(self) -> tuple[ColumnSpec, ...] | None:
+        return self._signature
+
+    @property
+    def columns(self) -> Mapping[str, np.ndarray]:
+        """The storage arrays, [capacity, *shape] each; rows >= size are zeros."""
+        return self._columns
+
+    @property
+    def size(self) -> int:
+        return min(self.inserts, self.capacity)
+
+    @property
+    def total_priority(self) -> float:
+        return self.tree.total
+
+    @property
+    def _item_limit(self) -> int:
+        return min(self.capacity, self.max_batch_size)
+
+    # --- insert ------------------------------------------------------------------------
+
+    def validate_insert(
+        self, columns: Mapping[str, np.ndarray], priorities: np.ndarray | None
+    ) -> int:
+        """Checks an insert without changing anything; returns its number of items."""
+        if not isinstance(columns, Mapping) or not columns:
+            raise InvalidArgument("batch.columns", "a batch needs at least one column")
+        n = None
+        first = None
+        for name, array in columns.items():
+            f = f'batch.columns["{name}"]'
+            try:
+                _check_name(name, "column name")
+            except ValueError as e:
+                raise InvalidArgument(f, str(e)) from None
+            if not isinstance(array, np.ndarray):
+                raise InvalidArgument(f, f"must be an array, got {type(array).__name__}")
+            if array.ndim < 1:
+                raise InvalidArgument(f, "must have a leading item dimension, got a scalar")
+            if n is None:
+                n, first = array.shape[0], name
+            elif array.shape[0] != n:
+                raise InvalidArgument(f, f"has {array.shape[0]} items but column {first!r} has {n}")
+        if self._signature is None:
+            for name, array in columns.items():
+                if array.dtype not in ALLOWED_DTYPES:
+                    raise InvalidArgument(
+                        f'batch.columns["{name}"]', f"unsupported dtype {array.dtype}"
+                    )
+        else:
+            expected = {s.name: s for s in self._signature}
+            for name in expected:
+                if name not in columns:
+                    raise InvalidArgument(f'batch.columns["{name}"]', "missing from the batch")
+            for name, array in columns.items():
+                f = f'batch.columns["{name}"]'
+                spec = expected.get(name)
+                if spec is None:
+                    raise InvalidArgument(f, f"not in the signature of table {self.name!r}")
+                if array.dtype != spec.dtype:
+                    raise InvalidArgument(f, f"dtype must be {spec.dtype}, got {array.dtype}")
+                if array.shape[1:] != spec.shape:
+                    raise InvalidArgument(
+                        f,
+                        f"item shape must be {list(spec.shape)}, got {list(array.shape[1:])}"
+                        f" (tensor shape {list(array.shape)})",
+                    )
+        if n == 0:
+            raise InvalidArgument("batch", "empty batch (0 items)")
+        if n > self._item_limit:
+            raise InvalidArgument(
+                "batch",
+                f"{n} items exceed min(capacity {self.capacity},"
+                f" max_batch_size {self.max_batch_size})",
+            )
+        if priorities is not None:
+            _check_priorities(priorities, n, "one per item")
+        return n
+
+    def insert(
+        self, columns: Mapping[str, np.ndarray], priorities: np.ndarray | None = None
+    ) -> int:
+        """Inserts n items (FIFO-overwriting the oldest when full); returns the first key."""
+        n = self.validate_insert(columns, priorities)
+        if self._signature is None:
+            self._declare(tuple(ColumnSpec(k, v.dtype, v.shape[1:]) for k, v in columns.items()))
+        if priorities is None:
+            p = np.full(n, self.max_priority)
+        else:
+            p = priorities.astype(np.float64)
+
+        first = self.inserts
+        start = first % self.capacity
+        head = min(n, self.capacity - start)  # items before wrap-around
+        # Contiguous slice copies (at most two, n <= capacity): rows can be tens of KB,
+        # where fancy indexing would be far slower.
+        for name, array in columns.items():
+            column = self._columns[name]
+            column[start : start + head] = array[:head]
+            column[: n - head] = array[head:]
+        keys = np.arange(first, first + n, dtype=np.int64)
+        self.slot_keys[start : start + head] = keys[:head]
+        self.slot_keys[: n - head] = keys[head:]
+        self.priorities[start : start + head] = p[:head]
+        self.priorities[: n - head] = p[head:]
+        self.tree.set(keys % self.capacity, p**self.alpha)  # 0**0 == 1: alpha 0 is uniform
+
+        self.inserts += n
+        self.max_priority = max(self.max_priority, float(p.max()))
+        return first
+
+    # --- sample ------------------------------------------------------------------------
+
+    def validate_sample(self, batch_size: int, beta: float) -> None:
+        if not _is_int(batch_size) or not 1 <= batch_size <= self._item_limit:
+            raise InvalidArgument(
+                "batch_size",
+                f"must be an integer in [1, {self._item_limit}] (min of capacity"
+                f" {self.capacity} and max_batch_size {self.max_batch_size}), got {batch_size!r}",
+            )
+        # The comparison is False for NaN, so NaN is rejected too.
+        if not isinstance(beta, numbers.Real) or not 0.0 <= beta <= 1.0:
+            raise InvalidArgument("beta", f"must be in [0, 1], got {beta!r}")
+
+    def sample(self, batch_size: int, beta: float) -> SampleResult:
+        """Samples a stratified batch, with replacement; ignores the rate limiter.
+
+        The server waits for can_sample() first; this only counts the samples.
+        """
+        self.validate_sample(batch_size, beta)
+        size = self.size
+        if size == 0:
+            raise FailedPrecondition("table", f"table {self.name!r} is empty")
+        total = self.tree.total
+        if not total > 0:
+            raise FailedPrecondition("table", f"table {self.name!r}: every priority is 0")
+
+        b = int(batch_size)
+        # Item b comes from the b-th of B equal segments of the mass. Clipped below total
+        # because (b + u) / B can round up to 1; find() also never lands on a 0 leaf.
+        masses = total * (np.arange(b) + self._rng.random(b)) / b
+        np.minimum(masses, np.nextafter(total, 0.0), out=masses)
+        slots = self.tree.find(masses)
+        probabilities = self.tree.get(slots) / total
+        # w_i = (N P_i)^-beta / max_j (N P_j)^-beta = (min_j P_j / P_i)^beta: N cancels,
+        # and this form cannot overflow for tiny P; the largest weight is exactly 1.
+        weights = (probabilities.min() / probabilities) ** float(beta)
+
+        result = SampleResult(
+            columns={k: np.take(v, slots, axis=0) for k, v in self._columns.items()},
+            keys=self.slot_keys[slots],
+            probabilities=probabilities,
+            weights=weights.astype(np.float32),
+            table_size=size,
+        )
+        self.samples += b
+        return result
+
+    # --- priorities --------------------------------------------------------------------
+
+    def _validate_update(self, keys: np.ndarray, priorities: np.ndarray) -> np.ndarray:
+        if not isinstance(keys, np.ndarray):
+            raise InvalidArgument("keys", f"must be an array, got {type(keys).__name__}")
+        if keys.dtype not in _KEY_DTYPES:
+            raise InvalidArgument("keys", f"dtype must be int64 or uint64, got {keys.dtype}")
+        if keys.ndim != 1:
+            raise InvalidArgument("keys", f"must be 1-D, got shape {list(keys.shape)}")
+        n = len(keys)
+        if not 1 <= n <= MAX_UPDATE_BATCH:
+            raise InvalidArgument("keys", f"must hold 1 to {MAX_UPDATE_BATCH} keys, got {n}")
+        if keys.dtype == np.int64 and (keys < 0).any():
+            i = int(np.argmax(keys < 0))
+            raise InvalidArgument("keys", f"must be >= 0, got {keys[i]} at index {i}")
+        return _check_priorities(priorities, n, "one per key")
+
+    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> tuple[int, int]:
+        """Sets priorities of live keys; returns (updated, stale). Last duplicate wins."""
+        p = self._validate_update(keys, priorities)
+        # Keys >= inserts were never written, so they are stale; clipping to inserts
+        # keeps them stale and brings huge uint64 keys into int64 range.
+        k = np.minimum(keys, self.inserts).astype(np.int64)
+        slots = k % self.capacity
+        live = self.slot_keys[slots] == k
+        updated = int(np.count_nonzero(live))
+        if updated:
+            unique_slots, last = last_occurrence(slots[live])
+            new = p[live][last]
+            self.priorities[unique_slots] = new
+            self.tree.set(unique_slots, new**self.alpha)
+            self.max_priority = max(self.max_priority, float(new.max()))
+        self.priority_updates += updated
+        self.stale_priority_updates += len(k) - updated
+        return updated, len(k) - updated
+
+    # --- rate limiter ------------------------------------------------------------------
+
+    def can_insert(self) -> bool:
+        return self.rate_limiter.can_insert(self.inserts, self.samples)
+
+    def can_sample(self) -> bool:
+        return self.rate_limiter.can_sample(self.inserts, self.samples, self.size)
+
+    # --- digest, snapshot, restore -----------------------------------------------------
+
+    def _config_json(self) -> dict:
+        return {
+            "name": self.name,
+            "capacity": self.capacity,
+            "alpha": self.alpha,
+            "rate_limiter": self.rate_limiter.to_json(),
+            "max_batch_size": self.max_batch_size,
+            "signature": None
+            if self._signature is None
+            else [s.to_json() for s in self._signature],
+        }
+
+    def digest(self) -> str:
+        """sha256 of the whole state: equal digests mean byte-for-byte equal tables."""
+        h = hashlib.sha256()
+        meta = self._config_json() | {
+            "inserts": self.inserts,
+            "samples": self.samples,
+            "priority_updates": self.priority_updates,
+            "stale_priority_updates": self.stale_priority_updates,
+            "max_priority": self.max_priority.hex(),
+            "alpha": self.alpha.hex(),  # hex: exact, whatever repr does
+        }
+        h.update(json.dumps(meta, sort_keys=True).encode())
+        size = self.size
+        for array in (self.slot_keys, self.priorities, *self._columns.values()):
+            h.update(np.ascontiguousarray(array[:size]))
+        # The tree is derived from priorities, but a bug there would change sampling.
+        h.update(self.tree.values)
+        return h.hexdigest()
+
+    def snapshot(self) -> TableState:
+        """A consistent copy of the state (copies only: cheap enough for the event loop)."""
+        size = self.size
+        return TableState(
+            name=self.name,
+            capacity=self.capacity,
+            alpha=self.alpha,
+            signature=self._signature,
+            rate_limiter=self.rate_limiter,
+            max_batch_size=self.max_batch_size,
+            inserts=self.inserts,
+            samples=self.samples,
+            priority_updates=self.priority_updates,
+            stale_priority_updates=self.stale_priority_updates,
+            max_priority=self.max_priority,
+            slot_keys=self.slot_keys.copy(),
+            priorities=self.priorities.copy(),
+            columns={k: v[:size].copy() for k, v in self._columns.items()},
+        )
+
+    @classmethod
+    def from_state(
+        cls, state: TableState, *, max_batch_size: int | None = None, seed: int | None = None
+    ) -> "Table":
+        """A new table configured as the state says, holding its items."""
+        table = cls(
+            state.name,
+            state.capacity,
+            alpha=state.alpha,
+            rate_limiter=state.rate_limiter,
+            signature=None if state.signature is None else list(state.signature),
+            max_batch_size=state.max_batch_size if max_batch_size is None else max_batch_size,
+            seed=seed,
+        )
+        table.restore(state)
+        return table
+
+    def restore(self, state: TableState) -> None:
+        """Replaces this table's contents with a state's; ValueError naming the field if
+        the state disagrees with this table's configuration or is inconsistent.
+
+        The configured rate limiter and max_batch_size are kept (they may be retuned
+        between runs); capacity, alpha and signature must match.
+        """
+        self._check_state(state)
+        size, old_size = state.size, self.size
+        if state.signature is not None and self._signature is None:
+            self._declare(tuple(state.signature))
+        for name, column in self._columns.items():
+            if size:  # a state without items may have no signature and no columns
+                column[:size] = state.columns[name]
+            # Only rows this table wrote: zeroing the rest would touch every page.
+            column[size:old_size] = 0
+        self.slot_keys[:] = state.slot_keys
+        self.priorities[:] = state.priorities
+        self.tree.reset(np.where(self.slot_keys >= 0, self.priorities**self.alpha, 0.0))
+        self.inserts = int(state.inserts)
+        self.samples = int(state.samples)
+        self.priority_updates = int(state.priority_updates)
+        self.stale_priority_updates = int(state.stale_priority_updates)
+        self.max_priority = float(state.max_priority)
+
+    def _check_state(self, state: TableState) -> None:
+        if state.name != self.name:
+            raise ValueError(f"name: state has {state.name!r}, table is {self.name!r}")
+        if state.capacity != self.capacity:
+            raise ValueError(f"capacity: state has {state.capacity}, table has {self.capacity}")
+        if state.alpha != self.alpha:
+            raise ValueError(f"alpha: state has {state.alpha}, table has {self.alpha}")
+        sig = None if state.signature is None else tuple(state.signature)
+        if sig is not None and self._signature is not None and sig != self._signature:
+            raise ValueError(f"signature: state has {sig}, table has {self._signature}")
+        for counter in ("inserts", "samples", "priority_updates", "stale_priority_updates"):
+            value = getattr(state, counter)
+            if not _is_int(value) or value < 0:
+                raise ValueError(f"{counter}: must be an integer >= 0, got {value!r}")
+        if not math.isfinite(state.max_priority) or state.max_priority < 0:
+            raise ValueError(f"max_priority: must be finite and >= 0, got {state.max_priority}")
+        size = state.size
+        cap = self.capacity
+        for name, array, dtype in (
+            ("slot_keys", state.slot_keys, np.int64),
+            ("priorities", state.priorities, np.float64),
+        ):
+            if not isinstance(array, np.ndarray) or array.dtype != dtype or array.shape != (cap,):
+                raise ValueError(f"{name}: must be {np.dtype(dtype)} [{cap}]")
+        # Keys are insertion numbers, so the slots' keys follow from inserts alone: slot s
+        # holds the newest key k < inserts with k % capacity == s, or -1.
+        slots = np.arange(cap, dtype=np.int64)
+        newest = state.inserts - 1 - (state.inserts - 1 - slots) % cap
+        expected = np.where(slots < size, newest, -1)
+        if not np.array_equal(state.slot_keys, expected):
+            raise ValueError(f"slot_keys: inconsistent with inserts = {state.inserts}")
+        p = state.priorities
+        if not (np.isfinite(p).all() and (p >= 0).all() and (p[size:] == 0).all()):
+            raise ValueError("priorities: must be finite, >= 0, and 0 for empty slots")
+        if sig is None:
+            # The first insert fixes the signature, so a state without one is empty.
+            if state.columns or size:
+                raise ValueError("signature: missing, but the state holds items or columns")
+        else:
+            if set(state.columns) != {s.name for s in sig}:
+                raise ValueError(f"columns: {sorted(state.columns)} do not match the signature")
+            for s in sig:
+                array = state.columns[s.name]
+                if array.dtype != s.dtype or array.shape != (size, *s.shape):
+                    raise ValueError(
+                        f'columns["{s.name}"]: must be {s.dtype} {[size, *s.shape]},'
+                        f" got {array.dtype} {list(array.shape)}"
+                    )

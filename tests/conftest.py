@@ -1,0 +1,175 @@
+"""Shared test harness: real replay servers on port 0, in a thread or as a real process."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import prometheus_client
+import pytest
+
+from apexrl.common.serving import serve
+from apexrl.config import ReplayConfig
+from apexrl.replay import server as replay_server
+from apexrl.replay.client import ReplayClient
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.02):
+    """Polls a condition until it holds (returns its value) or fails the test after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def read_ready_file(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def transitions(n: int, start: int = 0, obs_dim: int = 4) -> dict[str, np.ndarray]:
+    """CartPole-shaped columns whose values encode their insertion index (start + i)."""
+    index = np.arange(start, start + n)
+    obs = (index[:, None] + np.arange(obs_dim)[None, :] / 10).astype(np.float32)
+    return {
+        "obs": obs,
+        "action": (index % 2).astype(np.int64),
+        "reward": np.ones(n, np.float32),
+        "discount": np.full(n, 0.99, np.float32),
+        "next_obs": obs + 1,
+    }
+
+
+@dataclass
+class InProcessReplay:
+    """A replay server running its asyncio loop in a thread of the test process."""
+
+    address: str
+    metrics_port: int
+    servicer: replay_server.ReplayServicer
+
+    @property
+    def table(self):
+        return self.servicer.tables["default"]
+
+    def client(self, **kwargs) -> ReplayClient:
+        kwargs.setdefault("timeout", 10.0)
+        kwargs.setdefault("retry_seconds", 5.0)
+        return ReplayClient(self.address, **kwargs)
+
+
+@contextmanager
+def in_process_replay(tmp_path: Path, **settings) -> Iterator[InProcessReplay]:
+    ready = tmp_path / f"ready-{time.monotonic_ns()}.json"
+    defaults = dict(
+        host="127.0.0.1", port=0, metrics_port=0, min_size_to_sample=1, grace_seconds=2.0
+    )
+    config = ReplayConfig(**{**defaults, **settings, "ready_file": str(ready)})
+    registry = prometheus_client.CollectorRegistry()
+    service, servicer = replay_server.build(config, registry)
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            loop.run_until_complete(serve(config, service, registry, stop))
+        except BaseException as err:  # surfaced by the fixture
+            errors.append(err)
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    ports = wait_for(lambda: errors or read_ready_file(ready), 20, "in-process replay to serve")
+    if errors:
+        raise errors[0]
+    try:
+        yield InProcessReplay(f"127.0.0.1:{ports['port']}", ports["metrics_port"], servicer)
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(30)
+        assert not thread.is_alive(), "replay server thread did not stop"
+        if errors:
+            raise errors[0]
+
+
+@pytest.fixture
+def replay(tmp_path) -> Iterator[InProcessReplay]:
+    with in_process_replay(tmp_path) as harness:
+        yield harness
+
+
+@pytest.fixture
+def replay_factory(tmp_path):
+    """Starts in-process replay servers with given settings; all stopped after the test."""
+    with ExitStack() as stack:
+        yield lambda **settings: stack.enter_context(in_process_replay(tmp_path, **settings))
+
+
+@dataclass
+class ReplayProcess:
+    """`apexrl replay` as a real child process."""
+
+    process: subprocess.Popen
+    address: str
+    metrics_port: int
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def terminate(self, timeout: float = 30) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout)
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(10)
+
+
+def start_replay_process(tmp_path: Path, *flags: str) -> ReplayProcess:
+    ready = tmp_path / f"ready-{time.monotonic_ns()}.json"
+    log_path = tmp_path / f"replay-{time.monotonic_ns()}.log"
+    command = [sys.executable, "-m", "apexrl.cli", "replay", "--host", "127.0.0.1", "--port", "0"]
+    command += ["--metrics-port", "0", "--ready-file", str(ready), *flags]
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy()
+        )
+    ports = wait_for(
+        lambda: process.poll() is not None or read_ready_file(ready), 30, "replay process to serve"
+    )
+    if process.poll() is not None:
+        pytest.fail(f"replay exited with {process.returncode}:\n{log_path.read_text()}")
+    return ReplayProcess(process, f"127.0.0.1:{ports['port']}", ports["metrics_port"], log_path)
+
+
+@pytest.fixture
+def replay_process(tmp_path):
+    """Factory for replay child processes; any still running after the test are killed."""
+    started: list[ReplayProcess] = []
+
+    def start(*flags: str) -> ReplayProcess:
+        started.append(start_replay_process(tmp_path, *flags))
+        return started[-1]
+
+    yield start
+    for proc in started:
+        if proc.process.poll() is None:
+            proc.kill()

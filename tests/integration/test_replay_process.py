@@ -1,0 +1,118 @@
+"""`apexrl replay` as a real process: SIGTERM, hard kills, checkpoints, config sources."""
+
+import os
+import signal
+import threading
+
+import grpc
+import numpy as np
+
+from apexrl.replay.checkpoint import checkpoints
+from apexrl.replay.client import ReplayClient
+from apexrl.v1 import replay_pb2
+from tests.conftest import transitions, wait_for
+
+
+def digest(client: ReplayClient) -> str:
+    return (
+        client.stub.Info(replay_pb2.InfoRequest(include_digest=True), timeout=30).tables[0].digest
+    )
+
+
+def test_sigterm_releases_waiters_checkpoints_and_exits_zero(replay_process, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    proc = replay_process("--checkpoint-dir", str(ckpt), "--min-size-to-sample", "1000")
+    outcome = {}
+    with ReplayClient(proc.address, timeout=60, retry_seconds=0) as client:
+        client.insert(transitions(100))
+        expected = digest(client)
+
+        def blocked_sample():
+            try:
+                client.sample(8)
+            except grpc.RpcError as err:
+                outcome["code"] = err.code()
+
+        sampler = threading.Thread(target=blocked_sample)
+        sampler.start()
+        wait_for(lambda: "rate_limiter_wait" in proc.log() or _waiting(proc), 10, "sampler to wait")
+        assert proc.terminate(timeout=30) == 0
+        sampler.join(10)
+    assert outcome["code"] == grpc.StatusCode.UNAVAILABLE
+    assert len(checkpoints(ckpt)) == 1
+    assert "stopped" in proc.log()
+    restarted = replay_process("--checkpoint-dir", str(ckpt))
+    with ReplayClient(restarted.address) as client:
+        assert digest(client) == expected
+    assert "restored table 'default'" in restarted.log()
+
+
+def _waiting(proc) -> bool:
+    """Whether the server's rate limiter holds a sample (read from /metrics)."""
+    import urllib.request
+
+    url = f"http://127.0.0.1:{proc.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return 'grpc_server_started_total{grpc_method="Sample"' in text
+
+
+def test_restore_after_kill_9_equals_last_checkpoint(replay_process, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    flags = ("--checkpoint-dir", str(ckpt), "--capacity", "500", "--checkpoint-interval", "0")
+    flags += ("--min-size-to-sample", "1")
+    proc = replay_process(*flags)
+    rng = np.random.default_rng(0)
+    with ReplayClient(proc.address) as client:
+        client.insert(transitions(350), rng.uniform(0.1, 5, 350))
+        client.insert(transitions(350, start=350), rng.uniform(0.1, 5, 350))  # FIFO evicts 200
+        batch = client.sample(64, beta=0.4)
+        client.update_priorities(batch.keys, rng.uniform(0.1, 5, 64))
+        client.checkpoint()
+        checkpointed, info = digest(client), client.info()
+        client.insert(transitions(50, start=700))  # after the checkpoint: lost by the kill
+        assert digest(client) != checkpointed
+    proc.process.send_signal(signal.SIGKILL)
+    proc.process.wait(10)
+    restarted = replay_process(*flags)
+    with ReplayClient(restarted.address) as client:
+        assert digest(client) == checkpointed
+        after = client.info()
+        assert (after.inserts, after.samples, after.size) == (info.inserts, info.samples, info.size)
+        # Keys continue where the checkpoint left off; stale keys stay stale.
+        assert client.insert(transitions(1, start=700)).first_key == 700
+        assert client.update_priorities(np.array([0, 699]), np.ones(2)).stale == 1
+
+
+def test_periodic_checkpoints_keep_the_newest_two(replay_process, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    proc = replay_process("--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0.2")
+    with ReplayClient(proc.address) as client:
+        client.insert(transitions(10))
+    wait_for(lambda: proc.log().count("checkpoint ") >= 3, 30, "three periodic checkpoints")
+    assert len(checkpoints(ckpt)) == 2
+    assert proc.terminate() == 0
+
+
+def test_settings_from_file_env_and_flags(replay_process, tmp_path, monkeypatch):
+    config = tmp_path / "apexrl.toml"
+    config.write_text(
+        'max_message_mb = 64\n[replay]\ncapacity = 321\nmin_size_to_sample = 1\nalpha = 0.25\ntable = "t"\n'
+    )
+    monkeypatch.setenv("APEXRL_ALPHA", "0.5")  # env beats the file
+    proc = replay_process("--config", str(config), "--table", "flagged")  # flags beat env
+    with ReplayClient(proc.address, table="flagged") as client:
+        info = client.info()
+    assert (info.capacity, info.alpha) == (321, 0.5)
+    assert proc.terminate() == 0
+
+
+def test_bad_setting_fails_fast_naming_it(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "apexrl.cli", "replay", "--port", "0", "--alpha", "-1"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "APEXRL_METRICS_PORT": "0"},
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "alpha" in result.stderr

@@ -1,0 +1,306 @@
+"""The replay service over real gRPC (servers bound to port 0, no mocks)."""
+
+import threading
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from apexrl.common import tensors
+from apexrl.replay.client import insert_request
+from apexrl.v1 import replay_pb2, tensor_pb2
+from tests.conftest import transitions
+
+
+def metrics_text(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+def health_status(address: str, service: str = "") -> int:
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+
+
+def test_insert_then_sample_round_trip(replay):
+    with replay.client() as client:
+        ack = client.insert(transitions(100), np.linspace(0.1, 10, 100))
+        assert (ack.inserted, ack.first_key, ack.table_size) == (100, 0, 100)
+        ack = client.insert(transitions(20, start=100))
+        assert (ack.first_key, ack.table_size) == (100, 120)
+        batch = client.sample(64, beta=0.5)
+    assert batch.table_size == 120
+    assert set(batch.columns) == {"obs", "action", "reward", "discount", "next_obs"}
+    # Each row must be the row inserted under that key (values encode the insert index).
+    np.testing.assert_array_equal(batch.columns["obs"], transitions(120)["obs"][batch.keys])
+    np.testing.assert_array_equal(batch.columns["action"], batch.keys % 2)
+    assert batch.weights.dtype == np.float32 and batch.weights.max() == pytest.approx(1.0)
+    assert np.all(batch.probabilities > 0)
+
+
+def test_info_reports_signature_counters_and_digest(replay):
+    with replay.client() as client:
+        client.insert(transitions(10))
+        client.sample(4)
+        info = client.info()
+        digest = (
+            client.stub.Info(replay_pb2.InfoRequest(include_digest=True), timeout=5)
+            .tables[0]
+            .digest
+        )
+    assert (info.size, info.inserts, info.samples) == (10, 10, 4)
+    assert info.capacity == 1_000_000 and info.alpha == pytest.approx(0.6)
+    spec = {c.name: (c.dtype, tuple(c.shape)) for c in info.signature}
+    assert spec["obs"] == (tensor_pb2.FLOAT32, (4,))
+    assert spec["action"] == (tensor_pb2.INT64, ())
+    assert digest == replay.table.digest() and len(digest) == 64
+
+
+def test_update_priorities_ignores_stale_keys(replay_factory):
+    server = replay_factory(capacity=8)
+    with server.client() as client:
+        client.insert(transitions(8))
+        keys = client.sample(8).keys
+        client.insert(transitions(3, start=8))  # overwrites slots of keys 0, 1, 2
+        response = client.update_priorities(np.array([0, 1, 2, 5, 6]), np.full(5, 3.0))
+        info = client.info()
+    assert (response.updated, response.stale) == (2, 3)
+    assert (info.priority_updates, info.stale_priority_updates) == (2, 3)
+    assert set(keys) <= set(range(8))
+    assert server.table.priorities[5 % 8] == 3.0
+
+
+def test_sample_stream_sends_max_batches(replay):
+    with replay.client() as client:
+        client.insert(transitions(50))
+        batches = list(client.sample_stream(16, beta=0.4, max_batches=5))
+    assert len(batches) == 5 and all(len(b.keys) == 16 for b in batches)
+
+
+def test_sample_waits_for_min_size_then_proceeds(replay_factory):
+    server = replay_factory(min_size_to_sample=30)
+    results = {}
+    with server.client() as sampler, server.client() as writer:
+        writer.insert(transitions(10))
+        thread = threading.Thread(target=lambda: results.update(batch=sampler.sample(8)))
+        thread.start()
+        # The sampler is parked in the rate limiter until the table reaches 30 items.
+        waits = server.servicer.metrics.wait_seconds.labels("default", "sample")
+        thread.join(0.3)
+        assert thread.is_alive() and "batch" not in results
+        writer.insert(transitions(25, start=10))
+        thread.join(20)
+    assert not thread.is_alive()
+    assert results["batch"].table_size == 35
+    assert waits._sum.get() > 0  # the wait was measured
+
+
+def test_rate_limited_sample_ends_at_its_deadline(replay_factory):
+    server = replay_factory(min_size_to_sample=100)
+    with server.client(timeout=0.5) as client:
+        client.insert(transitions(10))
+        with pytest.raises(grpc.RpcError) as caught:
+            client.sample(8)
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def test_samples_per_insert_ratio_blocks_inserts_until_sampled(replay_factory):
+    # diff = inserts * 1 - samples must stay below 1 * 10 + 5 = 15 for inserts to proceed.
+    server = replay_factory(min_size_to_sample=10, samples_per_insert=1.0, error_buffer=5.0)
+    with server.client(timeout=0.5) as client:
+        client.insert(transitions(16))  # admitted: diff was 0 before it
+        with pytest.raises(grpc.RpcError) as caught:
+            client.insert(transitions(1, start=16))
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        client.sample(8)  # diff 16 -> 8, inside the window again
+        assert client.insert(transitions(1, start=16)).table_size == 17
+
+
+def test_unknown_table_is_not_found(replay):
+    with replay.client(table="nope") as client:
+        with pytest.raises(grpc.RpcError) as caught:
+            client.sample(4)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert "table" in caught.value.details() and "nope" in caught.value.details()
+
+
+def _tensor(array) -> tensor_pb2.Tensor:
+    return tensors.to_proto(np.asarray(array))
+
+
+def _bad_insert(mutate) -> replay_pb2.InsertRequest:
+    request = insert_request("default", transitions(4, start=1000), np.ones(4))
+    mutate(request)
+    return request
+
+
+BAD_INSERTS = {
+    "wrong dtype": (lambda r: tensors.to_proto(np.zeros((4, 4), np.float64), r.batch.columns["obs"]), 'columns["obs"]'),
+    "wrong shape": (lambda r: tensors.to_proto(np.zeros((4, 5), np.float32), r.batch.columns["obs"]), 'columns["obs"]'),
+    "ragged columns": (lambda r: tensors.to_proto(np.zeros(3, np.int64), r.batch.columns["action"]), "batch"),
+    "missing column": (lambda r: r.batch.columns.pop("reward"), "reward"),
+    "extra column": (lambda r: tensors.to_proto(np.zeros(4), r.batch.columns["extra"]), "extra"),
+    "nan priority": (lambda r: tensors.to_proto(np.array([1, np.nan, 1, 1]), r.priorities), "priorities"),
+    "inf priority": (lambda r: tensors.to_proto(np.array([1, np.inf, 1, 1]), r.priorities), "priorities"),
+    "negative priority": (lambda r: tensors.to_proto(np.array([1, -1.0, 1, 1]), r.priorities), "priorities"),
+    "priorities length": (lambda r: tensors.to_proto(np.ones(3), r.priorities), "priorities"),
+    "integer priorities": (lambda r: tensors.to_proto(np.ones(4, np.int64), r.priorities), "priorities"),
+    "truncated tensor": (lambda r: setattr(r.batch.columns["obs"], "data", b"\x00" * 7), 'columns["obs"].data'),
+    "unset dtype": (lambda r: setattr(r.batch.columns["obs"], "dtype", 0), 'columns["obs"].dtype'),
+    "unknown dtype": (lambda r: setattr(r.batch.columns["obs"], "dtype", 99), 'columns["obs"].dtype'),
+    "negative dim": (lambda r: r.batch.columns["obs"].shape.__setitem__(0, -4), 'columns["obs"].shape'),
+    "empty batch": (lambda r: r.CopyFrom(insert_request("default", transitions(0), None)), "batch"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INSERTS))
+def test_bad_insert_is_refused_and_changes_nothing(replay, case):
+    mutate, field = BAD_INSERTS[case]
+    with replay.client() as client:
+        client.insert(transitions(10), np.ones(10))
+        before = replay.table.digest()
+        with pytest.raises(grpc.RpcError) as caught:
+            list(client.stub.Insert(iter([_bad_insert(mutate)]), timeout=5))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+        assert field in caught.value.details()
+        assert replay.table.digest() == before
+        assert client.insert(transitions(1, start=10)).table_size == 11  # still serving
+    assert health_status(replay.address) == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_oversized_insert_batch_is_refused(replay_factory):
+    server = replay_factory(capacity=100, max_batch_size=50)
+    with server.client() as client:
+        with pytest.raises(grpc.RpcError) as caught:
+            client.insert(transitions(51))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "batch" in caught.value.details()
+    assert server.table.size == 0
+
+
+def test_message_above_the_size_limit_is_resource_exhausted(replay_factory):
+    server = replay_factory(max_message_mb=1)
+    with server.client(max_message_mb=8) as client:
+        with pytest.raises(grpc.RpcError) as caught:
+            client.insert({"obs": np.zeros((2, 1024 * 1024), np.uint8)})
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert server.table.size == 0
+
+
+def _request(**fields) -> replay_pb2.SampleRequest:
+    return replay_pb2.SampleRequest(**{"table": "default", "batch_size": 8, "beta": 0.4, **fields})
+
+
+BAD_SAMPLES = {
+    "zero batch": (_request(batch_size=0), grpc.StatusCode.INVALID_ARGUMENT, "batch_size"),
+    "batch above capacity": (
+        _request(batch_size=65),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "batch_size",
+    ),
+    "beta above 1": (_request(beta=1.5), grpc.StatusCode.INVALID_ARGUMENT, "beta"),
+    "negative beta": (_request(beta=-0.1), grpc.StatusCode.INVALID_ARGUMENT, "beta"),
+    "nan beta": (_request(beta=float("nan")), grpc.StatusCode.INVALID_ARGUMENT, "beta"),
+    "unknown table": (_request(table="x"), grpc.StatusCode.NOT_FOUND, "table"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SAMPLES))
+def test_bad_sample_is_refused_and_changes_nothing(replay_factory, case):
+    request, code, field = BAD_SAMPLES[case]
+    server = replay_factory(capacity=64)
+    with server.client() as client:
+        client.insert(transitions(20))
+        before = server.table.digest()
+        with pytest.raises(grpc.RpcError) as caught:
+            client.stub.Sample(request, timeout=5)
+        assert caught.value.code() == code
+        assert field in caught.value.details()
+        with pytest.raises(grpc.RpcError) as streamed:
+            list(
+                client.stub.SampleStream(replay_pb2.SampleStreamRequest(sample=request), timeout=5)
+            )
+        assert streamed.value.code() == code
+        assert server.table.digest() == before
+
+
+def test_sampling_all_zero_priorities_is_failed_precondition(replay):
+    with replay.client() as client:
+        client.insert(transitions(5), np.zeros(5))
+        with pytest.raises(grpc.RpcError) as caught:
+            client.sample(2)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def _update(keys, priorities) -> replay_pb2.UpdatePrioritiesRequest:
+    return replay_pb2.UpdatePrioritiesRequest(
+        table="default", keys=_tensor(keys), priorities=_tensor(priorities)
+    )
+
+
+BAD_UPDATES = {
+    "nan priority": (_update(np.array([1, 2]), np.array([np.nan, 1.0])), "priorities"),
+    "negative priority": (_update(np.array([1, 2]), np.array([-1.0, 1.0])), "priorities"),
+    "inf priority": (_update(np.array([1, 2]), np.array([np.inf, 1.0])), "priorities"),
+    "negative key": (_update(np.array([-1, 2]), np.array([1.0, 1.0])), "keys"),
+    "length mismatch": (_update(np.array([1, 2, 3]), np.array([1.0, 1.0])), "priorities"),
+    "float keys": (_update(np.array([1.0, 2.0]), np.array([1.0, 1.0])), "keys"),
+    "empty": (_update(np.zeros(0, np.int64), np.zeros(0)), "keys"),
+    "garbage bytes": (
+        replay_pb2.UpdatePrioritiesRequest(
+            table="default",
+            keys=tensor_pb2.Tensor(dtype=tensor_pb2.INT64, shape=[2], data=b"\x01\x02\x03"),
+            priorities=_tensor(np.ones(2)),
+        ),
+        "keys.data",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_UPDATES))
+def test_bad_priority_update_is_refused_and_changes_nothing(replay, case):
+    request, field = BAD_UPDATES[case]
+    with replay.client() as client:
+        client.insert(transitions(10))
+        before = replay.table.digest()
+        with pytest.raises(grpc.RpcError) as caught:
+            client.stub.UpdatePriorities(request, timeout=5)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+        assert field in caught.value.details()
+        assert replay.table.digest() == before
+
+
+def test_health_and_reflection(replay):
+    assert health_status(replay.address) == health_pb2.HealthCheckResponse.SERVING
+    assert (
+        health_status(replay.address, "apexrl.v1.Replay") == health_pb2.HealthCheckResponse.SERVING
+    )
+    with grpc.insecure_channel(replay.address) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        response = next(stub.ServerReflectionInfo(iter([request]), timeout=5))
+    names = {s.name for s in response.list_services_response.service}
+    assert {"apexrl.v1.Replay", "grpc.health.v1.Health"} <= names
+
+
+def test_metrics_endpoint(replay):
+    with replay.client() as client:
+        client.insert(transitions(40))
+        client.sample(8)
+        with pytest.raises(grpc.RpcError):
+            client.sample(0)
+    text = metrics_text(replay.metrics_port)
+    assert 'apexrl_replay_size{table="default"} 40.0' in text
+    assert 'apexrl_replay_inserts_total{table="default"} 40.0' in text
+    assert 'apexrl_replay_samples_total{table="default"} 8.0' in text
+    assert "apexrl_replay_sample_age_bucket" in text and "apexrl_replay_priority_bucket" in text
+    assert (
+        'grpc_server_handled_total{grpc_code="OK",grpc_method="Sample",'
+        'grpc_service="apexrl.v1.Replay",grpc_type="unary"} 1.0'
+    ) in text
+    assert 'grpc_code="INVALID_ARGUMENT",grpc_method="Sample"' in text
+    assert 'grpc_server_handling_seconds_bucket{grpc_code="OK",grpc_method="Insert"' in text
