@@ -1,42 +1,89 @@
-"""`apexrl <service> [flags]`: one entry point for every service, in local mode, containers and Kubernetes."""
+"""`apexrl <command> [flags]`: one entry point for every service.
+
+Local mode, containers and Kubernetes all start the services through these commands.
+"""
 
 import asyncio
 import sys
 
 import prometheus_client
 
-from apexrl.common.serving import configure_logging, serve
-from apexrl.config import ReplayConfig, parse
+from apexrl import config as cfg
+from apexrl.common.serving import configure_logging, run_worker, serve
+
+
+def _setup(cls, argv: list[str], section: str):
+    config = cfg.parse(cls, argv, section, f"apexrl {section}")
+    configure_logging(config.log_level)
+    return config, prometheus_client.CollectorRegistry()
+
+
+def _serve(config, build, section: str, registry) -> None:
+    try:
+        service, _ = build(config, registry)
+    except ValueError as err:  # a setting that can never work: say which, exit 2
+        sys.exit(f"apexrl {section}: error: {err}")
+    asyncio.run(serve(config, service, registry))
 
 
 def replay(argv: list[str]) -> None:
     from apexrl.replay import server
 
-    config = parse(ReplayConfig, argv, "replay", "apexrl replay")
-    configure_logging(config.log_level)
-    registry = prometheus_client.CollectorRegistry()
-    try:
-        service, _ = server.build(config, registry)
-    except ValueError as err:  # a setting that can never work: say which, exit 2
-        sys.exit(f"apexrl replay: error: {err}")
-    asyncio.run(serve(config, service, registry))
+    config, registry = _setup(cfg.ReplayConfig, argv, "replay")
+    _serve(config, server.build, "replay", registry)
+
+
+def learner(argv: list[str]) -> None:
+    from apexrl.learner import service
+
+    config, registry = _setup(cfg.LearnerConfig, argv, "learner")
+    _serve(config, service.build, "learner", registry)
+
+
+def actor(argv: list[str]) -> None:
+    from apexrl.actor import service
+
+    config, registry = _setup(cfg.ActorConfig, argv, "actor")
+    run_worker(config, registry, lambda stop: service.run(config, registry, stop))
+
+
+def evaluator(argv: list[str]) -> None:
+    from apexrl.actor import evaluator as service
+
+    config, registry = _setup(cfg.EvaluatorConfig, argv, "evaluator")
+    run_worker(config, registry, lambda stop: service.run(config, registry, stop))
+
+
+def local(argv: list[str]) -> None:
+    from apexrl import local as local_mode
+
+    sys.exit(local_mode.main(argv))
+
+
+def evaluate(argv: list[str]) -> None:
+    from apexrl import local as local_mode
+
+    sys.exit(local_mode.eval_main(argv))
 
 
 COMMANDS = {
+    "local": (local, "run replay, learner, actors and evaluator as processes on loopback"),
     "replay": (replay, "prioritized experience replay server"),
+    "learner": (learner, "trains the Q network from replay, serves parameters to actors"),
+    "actor": (actor, "acts in gymnasium envs, inserts n-step transitions into replay"),
+    "evaluator": (evaluator, "plays the newest parameters greedily, reports returns"),
+    "eval": (evaluate, "plays a learner checkpoint greedily and prints the returns"),
 }
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in COMMANDS:
+        asked = bool(argv) and argv[0] in ("-h", "--help")
         lines = [f"  {name:<10} {help}" for name, (_, help) in COMMANDS.items()]
-        usage = "usage: apexrl <command> [flags]   (apexrl <command> --help for its flags)\n\ncommands:\n"
-        print(
-            usage + "\n".join(lines),
-            file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout,
-        )
-        sys.exit(0 if argv and argv[0] in ("-h", "--help") else 2)
+        usage = "usage: apexrl <command> [flags]   (apexrl <command> --help: its flags)\n\n"
+        print(usage + "commands:\n" + "\n".join(lines), file=sys.stdout if asked else sys.stderr)
+        sys.exit(0 if asked else 2)
     command, _ = COMMANDS[argv[0]]
     command(argv[1:])
 

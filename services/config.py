@@ -26,16 +26,33 @@ def option(default: Any, help: str) -> Any:
 
 
 @dataclass
-class ServeConfig:
+class ProcessConfig:
+    """Settings every apexrl process shares."""
+
+    host: str = option("0.0.0.0", "address the servers (gRPC, metrics) bind")
+    metrics_port: int = option(9100, "Prometheus /metrics HTTP port (0 picks a free one)")
+    ready_file: str = option("", "once serving, write the bound ports as JSON here")
+    log_level: str = option("INFO", "logging level: DEBUG, INFO, WARNING, ERROR")
+
+
+@dataclass
+class ServeConfig(ProcessConfig):
     """Settings every gRPC service shares."""
 
-    host: str = option("0.0.0.0", "address the gRPC server binds")
     port: int = option(50051, "gRPC port (0 picks a free one; see --ready-file)")
-    metrics_port: int = option(9100, "Prometheus /metrics HTTP port (0 picks a free one)")
     max_message_mb: int = option(512, "largest gRPC message accepted or sent, in MiB")
     grace_seconds: float = option(10.0, "on SIGTERM, how long in-flight calls may take to finish")
-    ready_file: str = option("", "once serving, write {'port', 'metrics_port'} as JSON here")
-    log_level: str = option("INFO", "logging level: DEBUG, INFO, WARNING, ERROR")
+
+
+@dataclass
+class AgentConfig:
+    """What the learner, actors and evaluator must agree on (put it at the top of a shared file)."""
+
+    env: str = option("CartPole-v1", "gymnasium environment id")
+    hidden: str = option("128,128", "hidden layer sizes of the MLP torso (vector observations)")
+    gamma: float = option(0.99, "discount factor")
+    n_step: int = option(3, "n of the n-step returns the actors build")
+    seed: int = option(0, "random seed (0: from the OS); actors and envs derive theirs from it")
 
 
 @dataclass
@@ -63,6 +80,63 @@ class ReplayConfig(ServeConfig):
         600.0, "seconds between periodic checkpoints (0: only on request/SIGTERM)"
     )
     seed: int = option(0, "sampling RNG seed (0: from the OS)")
+
+
+@dataclass
+class LearnerConfig(AgentConfig, ServeConfig):
+    """apexrl learner: trains the Q network from replay and serves its parameters to actors."""
+
+    port: int = option(50052, "gRPC port (0 picks a free one; see --ready-file)")
+    metrics_port: int = option(9101, "Prometheus /metrics HTTP port (0 picks a free one)")
+    replay: str = option("127.0.0.1:50051", "replay server address")
+    device: str = option(
+        "auto", "torch device: auto (CUDA when present, else CPU), cpu, cuda, cuda:N"
+    )
+    batch_size: int = option(128, "transitions per update")
+    learning_rate: float = option(1e-3, "Adam learning rate")
+    max_grad_norm: float = option(10.0, "gradient norm clipping")
+    target_update_interval: int = option(100, "updates between target network syncs")
+    beta: float = option(0.4, "importance-sampling exponent sent with each sample request")
+    priority_epsilon: float = option(1e-3, "new priority = |TD error| + this")
+    publish_interval: int = option(10, "updates between parameter versions for actors")
+    prefetch: int = option(4, "sampled batches buffered ahead of the training step")
+    lease_seconds: float = option(
+        10.0, "actor lease length: an actor silent this long leaves the ladder"
+    )
+    checkpoint_dir: str = option("", "directory for checkpoints (empty: no checkpoints)")
+    checkpoint_interval: float = option(
+        300.0, "seconds between periodic checkpoints (0: only on SIGTERM)"
+    )
+    max_updates: int = option(0, "stop training after this many updates (0: never)")
+    threads: int = option(1, "torch CPU threads (one process per core keeps 2-core machines fair)")
+
+
+@dataclass
+class ActorConfig(AgentConfig, ProcessConfig):
+    """apexrl actor: epsilon-greedy on its copy of the network; n-step transitions to replay."""
+
+    metrics_port: int = option(9102, "Prometheus /metrics HTTP port (0 picks a free one)")
+    replay: str = option("127.0.0.1:50051", "replay server address")
+    learner: str = option("127.0.0.1:50052", "learner server address")
+    num_envs: int = option(8, "environments stepped together (batched inference)")
+    pull_interval: int = option(400, "env steps between parameter pulls (Ape-X: 400)")
+    insert_batch: int = option(64, "transitions per insert")
+    buffer_limit: int = option(
+        100_000, "transitions held while replay is unreachable; beyond, the oldest are dropped"
+    )
+    threads: int = option(1, "torch CPU threads")
+
+
+@dataclass
+class EvaluatorConfig(AgentConfig, ProcessConfig):
+    """apexrl evaluator: plays the newest parameters greedily and reports the returns."""
+
+    metrics_port: int = option(9103, "Prometheus /metrics HTTP port (0 picks a free one)")
+    learner: str = option("127.0.0.1:50052", "learner server address")
+    episodes: int = option(10, "episodes per evaluation (played in parallel)")
+    epsilon: float = option(0.0, "exploration during evaluation (0: greedy)")
+    interval: float = option(1.0, "least seconds between evaluations (only new versions count)")
+    threads: int = option(1, "torch CPU threads")
 
 
 def _convert(value: Any, kind: type, name: str) -> Any:
@@ -140,3 +214,33 @@ def _given(action: argparse.Action, argv: list[str]) -> bool:
     if isinstance(action, argparse.BooleanOptionalAction):
         names |= {s.replace("--", "--no-", 1) for s in action.option_strings}
     return any(t.split("=", 1)[0] in names for t in argv)
+
+
+@dataclass
+class LocalConfig(AgentConfig):
+    """apexrl local: replay, learner, actors and an evaluator as processes on loopback."""
+
+    actors: int = option(2, "actor processes")
+    run_dir: str = option(
+        "",
+        "run folder for config, logs, metrics CSV, plot, checkpoints (default runs/<env>-<time>)",
+    )
+    max_seconds: float = option(300.0, "give up after this many seconds")
+    max_env_steps: int = option(0, "give up after this many env steps (0: no limit)")
+    target_return: float = option(
+        0.0, "evaluation mean return that counts as solved (0: the env's reward_threshold)"
+    )
+    progress_interval: float = option(0.5, "seconds between progress updates and metrics CSV rows")
+    log_level: str = option(
+        "WARNING", "logging level of the services (their logs go to RUN_DIR/logs)"
+    )
+
+
+@dataclass
+class EvalConfig:
+    """apexrl eval: plays a learner checkpoint greedily and prints the returns."""
+
+    checkpoint: str = option("", "learner checkpoint file, or a directory (its newest checkpoint)")
+    episodes: int = option(10, "episodes to play")
+    seed: int = option(1, "seed of the evaluation envs")
+    epsilon: float = option(0.0, "exploration (0: greedy)")

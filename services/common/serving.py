@@ -25,7 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from apexrl.common.errors import RequestError
-from apexrl.config import ServeConfig
+from apexrl.config import ProcessConfig, ServeConfig
 
 log = logging.getLogger(__name__)
 
@@ -247,3 +247,28 @@ def configure_logging(level: str) -> None:
         level=level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+
+
+def run_worker(
+    config: ProcessConfig,
+    registry: prometheus_client.CollectorRegistry,
+    work: Callable[[threading.Event], None],
+) -> None:
+    """Runs a process without a gRPC server (actor, evaluator): metrics, ready file, SIGTERM.
+
+    `work(stop)` runs in the calling (main) thread and must return soon after `stop` is set.
+    """
+    metrics_http, _ = prometheus_client.start_http_server(
+        config.metrics_port, addr=config.host, registry=registry
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("metrics on :%d", metrics_http.server_port)
+    if config.ready_file:
+        write_ready_file(config.ready_file, metrics_port=metrics_http.server_port)
+    try:
+        work(stop)
+    finally:
+        metrics_http.shutdown()
+    log.info("stopped")

@@ -1,0 +1,105 @@
+"""The evaluator: plays each new parameter version greedily and reports the mean return.
+
+Also `evaluate`, used by `apexrl eval --checkpoint` to play a saved policy.
+"""
+
+import logging
+import threading
+import time
+
+import gymnasium as gym
+import numpy as np
+import prometheus_client
+import torch
+
+from apexrl.common.backoff import Backoff
+from apexrl.config import EvaluatorConfig
+from apexrl.learner.client import LearnerClient
+from apexrl.learner.network import load_numpy_state
+from apexrl.learner.service import make_network
+
+log = logging.getLogger(__name__)
+
+
+def evaluate(
+    net: torch.nn.Module, env_id: str, episodes: int, seed: int, epsilon: float = 0.0
+) -> np.ndarray:
+    """Returns of `episodes` episodes played at once, one per env, epsilon-greedy on `net`."""
+    envs = gym.vector.SyncVectorEnv(
+        [lambda: gym.make(env_id) for _ in range(episodes)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    rng = np.random.default_rng(seed)
+    obs, _ = envs.reset(seed=seed)
+    returns = np.zeros(episodes)
+    running = np.ones(episodes, bool)  # each env counts its first episode only
+    num_actions = int(envs.single_action_space.n)
+    while running.any():
+        with torch.no_grad():
+            actions = net(torch.from_numpy(obs)).argmax(1).numpy()
+        explore = rng.random(episodes) < epsilon
+        actions = np.where(explore, rng.integers(num_actions, size=episodes), actions)
+        obs, rewards, terminated, truncated, _ = envs.step(actions)
+        returns += rewards * running
+        running &= ~(terminated | truncated)
+    envs.close()
+    return returns
+
+
+def run(
+    config: EvaluatorConfig, registry: prometheus_client.CollectorRegistry, stop: threading.Event
+) -> None:
+    torch.set_num_threads(config.threads)
+    mean_return = prometheus_client.Gauge(
+        "apexrl_evaluation_mean_return", "Mean return of the last evaluation.", registry=registry
+    )
+    returns_hist = prometheus_client.Histogram(
+        "apexrl_evaluation_return", "Returns of evaluation episodes.", registry=registry,
+        buckets=(0, 10, 25, 50, 100, 200, 300, 400, 475, 500, 1000, 5000, 20000),
+    )  # fmt: skip
+    rounds = prometheus_client.Counter(
+        "apexrl_evaluation_rounds", "Evaluations done.", registry=registry
+    )
+    evaluated_version = prometheus_client.Gauge(
+        "apexrl_evaluation_parameter_version",
+        "Parameter version of the last evaluation.",
+        registry=registry,
+    )
+    net = make_network(config, gym.make(config.env))
+    learner = LearnerClient(config.learner, retry_seconds=1.0)
+    version, backoff, round_index = 0, Backoff(cap=2.0), 0
+    try:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                params = learner.get_parameters(version)
+            except Exception as err:  # learner away: wait and retry
+                log.info("evaluator: learner unavailable (%s)", err)
+                stop.wait(backoff.next_delay())
+                continue
+            backoff.reset()
+            if not params.arrays:  # nothing new to evaluate
+                stop.wait(config.interval)
+                continue
+            load_numpy_state(net, params.arrays)
+            version = params.version
+            returns = evaluate(
+                net,
+                config.env,
+                config.episodes,
+                config.seed + round_index * config.episodes,
+                config.epsilon,
+            )
+            round_index += 1
+            for value in returns:
+                returns_hist.observe(value)
+            mean_return.set(float(returns.mean()))
+            evaluated_version.set(version)
+            rounds.inc()
+            log.info(
+                "evaluation of version %d (update %d): mean return %.1f over %d episodes",
+                version, params.update_step, returns.mean(), len(returns),
+            )  # fmt: skip
+            stop.wait(max(0.0, config.interval - (time.monotonic() - started)))
+    finally:
+        learner.close()

@@ -1,0 +1,271 @@
+"""The actor: epsilon-greedy on a local copy of the network, n-step transitions to replay.
+
+Stateless: every actor process is configured the same; its epsilon comes from the lease the
+learner hands out with parameters (see protos/apexrl/v1/learner.proto). It never blocks on
+the network: parameters are pulled by a background thread every `pull_interval` env steps,
+and inserts go through a bounded buffer drained by another thread that reconnects forever
+(the oldest transitions are dropped and counted when the buffer is full).
+
+    envs → batched Q inference → epsilon-greedy → NStepAdder → initial priorities → buffer → replay
+"""
+
+import collections
+import logging
+import threading
+import time
+import uuid
+
+import gymnasium as gym
+import numpy as np
+import prometheus_client
+import torch
+
+from apexrl.actor.envs import final_observations, make_vector_env
+from apexrl.actor.nstep import NStepAdder
+from apexrl.common.backoff import Backoff
+from apexrl.config import ActorConfig
+from apexrl.learner.client import LearnerClient, Parameters
+from apexrl.learner.loss import dqn_loss
+from apexrl.learner.network import load_numpy_state
+from apexrl.learner.service import make_network
+from apexrl.replay.client import ReplayClient
+
+log = logging.getLogger(__name__)
+
+RETURN_BUCKETS = (0, 10, 25, 50, 100, 200, 300, 400, 475, 500, 1000, 5000, 20000)
+LENGTH_BUCKETS = (10, 25, 50, 100, 200, 500, 1000, 5000, 10000, 30000)
+
+
+class ActorMetrics:
+    def __init__(self, registry: prometheus_client.CollectorRegistry):
+        def metric(kind, name, doc, **kw):
+            return kind(f"apexrl_actor_{name}", doc, registry=registry, **kw)
+
+        C, G, H = prometheus_client.Counter, prometheus_client.Gauge, prometheus_client.Histogram
+        self.env_steps = metric(C, "env_steps", "Environment steps taken.")
+        self.episodes = metric(C, "episodes", "Episodes finished.")
+        self.episode_return = metric(
+            H, "episode_return", "Undiscounted episode return.", buckets=RETURN_BUCKETS
+        )
+        self.episode_length = metric(
+            H, "episode_length", "Episode length in steps.", buckets=LENGTH_BUCKETS
+        )
+        self.epsilon = metric(G, "epsilon", "Exploration epsilon from the actor's lease.")
+        self.actor_index = metric(G, "ladder_index", "This actor's place in the epsilon ladder.")
+        self.version = metric(G, "parameter_version", "Parameter version the actor acts with.")
+        self.lag = metric(
+            G, "parameter_lag", "Learner's newest version minus the actor's, at the last pull."
+        )
+        self.inserted = metric(C, "transitions_inserted", "Transitions acknowledged by replay.")
+        self.dropped = metric(
+            C,
+            "transitions_dropped",
+            "Transitions dropped: buffer full while replay was unreachable.",
+        )
+        self.buffered = metric(G, "transitions_buffered", "Transitions waiting to be inserted.")
+        self.pull_failures = metric(C, "parameter_pull_failures", "Parameter pulls that failed.")
+
+
+class InsertBuffer:
+    """Bounded FIFO of transition batches, drained into replay by a thread that never gives up."""
+
+    def __init__(self, replay: ReplayClient, limit: int, metrics: ActorMetrics):
+        self.replay, self.limit, self.metrics = replay, limit, metrics
+        self._batches: collections.deque = collections.deque()
+        self._count = 0
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._drain, name="insert", daemon=True)
+        self._thread.start()
+
+    def put(self, columns: dict[str, np.ndarray], priorities: np.ndarray) -> None:
+        with self._cond:
+            self._batches.append((columns, priorities))
+            self._count += len(priorities)
+            while self._count > self.limit and len(self._batches) > 1:
+                _, dropped = self._batches.popleft()
+                self._count -= len(dropped)
+                self.metrics.dropped.inc(len(dropped))
+            self.metrics.buffered.set(self._count)
+            self._cond.notify()
+
+    def _drain(self) -> None:
+        backoff = Backoff()
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._batches or self._closing)
+                if not self._batches:
+                    return
+                columns, priorities = self._batches[0]
+            try:
+                self.replay.insert(columns, priorities)
+            except Exception as err:  # replay away or refusing: keep the batch, retry later
+                if self._closing:
+                    return
+                delay = backoff.next_delay()
+                log.warning("insert failed (%s); retrying in %.2f s", _short(err), delay)
+                with self._cond:
+                    self._cond.wait(delay)
+                continue
+            backoff.reset()
+            with self._cond:
+                if self._batches and self._batches[0][1] is priorities:
+                    self._batches.popleft()
+                    self._count -= len(priorities)
+                self.metrics.buffered.set(self._count)
+            self.metrics.inserted.inc(len(priorities))
+
+    def close(self, flush_seconds: float) -> None:
+        """Gives the buffer up to flush_seconds to drain, then stops the thread."""
+        deadline = time.monotonic() + flush_seconds
+        with self._cond:
+            self._cond.wait_for(lambda: not self._batches, max(0.0, deadline - time.monotonic()))
+            self._closing = True
+            self._cond.notify_all()
+        self.replay.close()
+        self._thread.join(5)
+
+
+class ParameterPuller:
+    """Fetches parameters in the background when asked; the actor loop picks them up."""
+
+    def __init__(self, learner: LearnerClient, actor_id: str, metrics: ActorMetrics):
+        self.learner, self.actor_id, self.metrics = learner, actor_id, metrics
+        self.version = 0
+        self._wanted = threading.Event()
+        self._lock = threading.Lock()
+        self._fresh: Parameters | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pull", daemon=True)
+        self._thread.start()
+
+    def request(self) -> None:
+        self._wanted.set()
+
+    def take(self) -> Parameters | None:
+        with self._lock:
+            fresh, self._fresh = self._fresh, None
+            return fresh
+
+    def _run(self) -> None:
+        backoff = Backoff()
+        while not self._stop.is_set():
+            if not self._wanted.wait(0.5):
+                continue
+            try:
+                params = self.learner.get_parameters(self.version, self.actor_id)
+            except Exception as err:  # learner away: act on the weights held, retry
+                if self._stop.is_set():
+                    return
+                self.metrics.pull_failures.inc()
+                log.warning("parameter pull failed (%s)", _short(err))
+                self._stop.wait(backoff.next_delay())
+                continue
+            backoff.reset()
+            self._wanted.clear()
+            self.metrics.lag.set(params.version - self.version)
+            if params.arrays:
+                self.version = params.version
+            with self._lock:
+                self._fresh = params
+
+    def close(self) -> None:
+        self._stop.set()
+        self.learner.close()
+        self._thread.join(5)
+
+
+def _short(err: Exception) -> str:
+    details = getattr(err, "details", None)
+    return details() if callable(details) else str(err)
+
+
+def initial_priorities(
+    net: torch.nn.Module, columns: dict[str, np.ndarray], epsilon: float
+) -> np.ndarray:
+    """|TD error| from the actor's own network (as both online and target), as in Ape-X."""
+    batch = {name: torch.from_numpy(array) for name, array in columns.items()}
+    with torch.no_grad():
+        _, td_errors = dqn_loss(net, net, batch, torch.ones(len(columns["action"])))
+    return td_errors.abs().numpy().astype(np.float32) + epsilon
+
+
+def run(
+    config: ActorConfig, registry: prometheus_client.CollectorRegistry, stop: threading.Event
+) -> None:
+    torch.set_num_threads(config.threads)
+    metrics = ActorMetrics(registry)
+    actor_id = uuid.uuid4().hex
+    seed = (config.seed or int.from_bytes(uuid.uuid4().bytes[:4], "little")) + int(actor_id[:6], 16)
+    rng = np.random.default_rng(seed)
+    envs, obs = make_vector_env(config.env, config.num_envs, seed % 2**31)
+    net = make_network(config, gym.make(config.env))
+    num_actions = int(envs.single_action_space.n)
+    adder = NStepAdder(config.num_envs, config.n_step, config.gamma)
+    replay = ReplayClient(config.replay, timeout=30.0, retry_seconds=1.0)
+    buffer = InsertBuffer(replay, config.buffer_limit, metrics)
+    puller = ParameterPuller(LearnerClient(config.learner, retry_seconds=1.0), actor_id, metrics)
+    log.info(
+        "actor %s: %s x%d, waiting for parameters from %s",
+        actor_id[:8],
+        config.env,
+        config.num_envs,
+        config.learner,
+    )
+
+    epsilon, version, have_weights = 1.0, 0, False
+    pending: list[dict[str, np.ndarray]] = []
+    pending_count = steps_since_pull = 0
+    returns = np.zeros(config.num_envs)
+    lengths = np.zeros(config.num_envs, np.int64)
+    puller.request()
+    try:
+        while not stop.is_set():
+            params = puller.take()
+            if params is not None:
+                if params.arrays:
+                    load_numpy_state(net, params.arrays)
+                    version, have_weights = params.version, True
+                    metrics.version.set(version)
+                epsilon = params.epsilon
+                metrics.epsilon.set(epsilon)
+                metrics.actor_index.set(params.actor_index)
+            if not have_weights:  # nothing to act with yet: wait for the first pull
+                stop.wait(0.05)
+                continue
+
+            with torch.no_grad():
+                greedy = net(torch.from_numpy(obs)).argmax(1).numpy()
+            explore = rng.random(config.num_envs) < epsilon
+            actions = np.where(explore, rng.integers(num_actions, size=config.num_envs), greedy)
+            next_obs, rewards, terminated, truncated, infos = envs.step(actions)
+            done = terminated | truncated
+            columns = adder.add(
+                obs, actions, rewards, terminated, truncated, final_observations(next_obs, infos)
+            )
+            obs = next_obs
+
+            returns += rewards
+            lengths += 1
+            for i in np.flatnonzero(done):
+                metrics.episode_return.observe(returns[i])
+                metrics.episode_length.observe(lengths[i])
+            metrics.episodes.inc(int(done.sum()))
+            returns[done], lengths[done] = 0.0, 0
+            metrics.env_steps.inc(config.num_envs)
+
+            if columns is not None:
+                pending.append(columns)
+                pending_count += len(columns["action"])
+            if pending_count >= config.insert_batch:
+                batch = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
+                buffer.put(batch, initial_priorities(net, batch, 1e-3))
+                pending, pending_count = [], 0
+            steps_since_pull += config.num_envs
+            if steps_since_pull >= config.pull_interval:
+                puller.request()
+                steps_since_pull = 0
+    finally:
+        puller.close()
+        buffer.close(flush_seconds=5.0)
+        envs.close()

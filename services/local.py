@@ -1,0 +1,322 @@
+"""Local mode: the distributed system on one machine, each service its own process on loopback.
+
+The children are started with the same `apexrl <service>` entry points the containers use,
+configured by one TOML file in the run folder (as a ConfigMap would), on ports they pick
+themselves (port 0, reported through ready files). Progress comes from their Prometheus
+endpoints, the same numbers the dashboards show.
+"""
+
+import csv
+import ctypes
+import dataclasses
+import json
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import gymnasium as gym
+from prometheus_client.parser import text_string_to_metric_families
+
+from apexrl import config as cfg
+
+log = logging.getLogger(__name__)
+
+# Settings local mode gives each service unless the user's --config says otherwise: sized for
+# CartPole-like tasks on a small machine.
+SERVICE_DEFAULTS = {
+    "replay": {"capacity": 100_000, "min_size_to_sample": 1_000},
+    "learner": {"checkpoint_interval": 0.0},
+    "actor": {},
+    "evaluator": {},
+}
+
+
+def dump_toml(data: dict) -> str:
+    """Writes flat tables of strings, numbers and booleans (all our configs need)."""
+
+    def value(v) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        return repr(v)
+
+    lines = [f"{k} = {value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    for name, table in data.items():
+        if isinstance(table, dict):
+            lines += ["", f"[{name}]", *(f"{k} = {value(v)}" for k, v in table.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if local mode dies, even by SIGKILL (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen
+    ports: dict
+
+    def metrics(self) -> dict[str, float]:
+        """Sum of every sample of every metric, by sample name."""
+        url = f"http://127.0.0.1:{self.ports['metrics_port']}/metrics"
+        with urllib.request.urlopen(url, timeout=2) as response:
+            text = response.read().decode()
+        totals: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+        return totals
+
+
+class Run:
+    def __init__(self, config: cfg.LocalConfig, user_file: dict, run_dir: Path):
+        self.config, self.run_dir = config, run_dir
+        self.children: list[Child] = []
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (run_dir / "ready").mkdir(exist_ok=True)
+        agent = {f.name: getattr(config, f.name) for f in dataclasses.fields(cfg.AgentConfig)}
+        settings = {**agent, "log_level": config.log_level}
+        for section, defaults in SERVICE_DEFAULTS.items():
+            settings[section] = {**defaults, **user_file.get(section, {})}
+        settings["learner"].setdefault("checkpoint_dir", str(run_dir / "checkpoints"))
+        self.config_path = run_dir / "config.toml"
+        self.config_path.write_text(dump_toml(settings))
+
+    def start(self, name: str, command: str, *flags: str) -> Child:
+        ready = self.run_dir / "ready" / f"{name}.json"
+        args = [sys.executable, "-m", "apexrl.cli", command, "--config", str(self.config_path)]
+        args += ["--host", "127.0.0.1", "--metrics-port", "0", "--ready-file", str(ready), *flags]
+        with open(self.run_dir / "logs" / f"{name}.log", "w") as log_file:
+            process = subprocess.Popen(
+                args, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            )
+        child = Child(name, process, {})
+        self.children.append(child)
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not start; see {self.run_dir}/logs/{name}.log")
+            time.sleep(0.05)
+        child.ports = json.loads(ready.read_text())
+        return child
+
+    def start_all(self) -> None:
+        replay = self.start("replay", "replay", "--port", "0")
+        replay_address = f"127.0.0.1:{replay.ports['port']}"
+        learner = self.start("learner", "learner", "--port", "0", "--replay", replay_address)
+        learner_address = f"127.0.0.1:{learner.ports['port']}"
+        for i in range(self.config.actors):
+            self.start(
+                f"actor-{i}", "actor", "--replay", replay_address, "--learner", learner_address
+            )
+        self.start("evaluator", "evaluator", "--learner", learner_address)
+
+    def stop_all(self, timeout: float = 60) -> None:
+        """SIGTERM in dependency order (actors first, replay last), so each checkpoints cleanly."""
+        for child in reversed(self.children):
+            if child.process.poll() is None:
+                child.process.send_signal(signal.SIGTERM)
+                try:
+                    child.process.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    log.warning("%s did not stop in %.0f s: killing it", child.name, timeout)
+                    child.process.kill()
+                    child.process.wait()
+
+    def dead_child(self) -> Child | None:
+        return next((c for c in self.children if c.process.poll() is not None), None)
+
+
+def _format_count(n: float) -> str:
+    return f"{n:,.0f}"
+
+
+def plot(rows: list[dict], path: Path, target: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    evaluated = [r for r in rows if r["eval_rounds"] > 0]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, x, label in ((axes[0], "seconds", "wall seconds"), (axes[1], "env_steps", "env steps")):
+        ax.plot(
+            [r[x] for r in evaluated],
+            [r["eval_mean_return"] for r in evaluated],
+            label="evaluation mean",
+        )
+        ax.axhline(target, color="gray", linestyle="--", label=f"target {target:g}")
+        ax.set_xlabel(label)
+        ax.set_ylabel("return")
+        ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+FIELDS = ["seconds", "env_steps", "env_steps_per_s", "updates", "updates_per_s", "replay_size",
+          "eval_mean_return", "eval_rounds", "parameter_version", "loss", "prefetch_wait_fraction",
+          "transitions_dropped"]  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    config = cfg.parse(cfg.LocalConfig, argv, "local", "apexrl local")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    user_file: dict = {}
+    config_file = os.environ.get("APEXRL_CONFIG", "")
+    if "--config" in argv:
+        config_file = argv[argv.index("--config") + 1]
+    if config_file:
+        with open(config_file, "rb") as fh:
+            user_file = tomllib.load(fh)
+    spec = gym.spec(config.env)
+    target = config.target_return or spec.reward_threshold
+    if target is None:
+        sys.exit(f"apexrl local: {config.env} has no reward_threshold: pass --target-return")
+    run_dir = Path(config.run_dir or f"runs/{config.env}-{time.strftime('%Y%m%d-%H%M%S')}")
+    run = Run(config, user_file, run_dir)
+
+    stop = threading.Event()
+    interrupted = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _: (interrupted.append(signum), stop.set()))
+
+    rows: list[dict] = []
+    outcome, code = "", 1
+    started = time.monotonic()
+    try:
+        run.start_all()
+        started = time.monotonic()  # the clock starts once every service is up
+        print(
+            f"apexrl local: {config.env}, {config.actors} actors, run folder {run_dir}", flush=True
+        )
+        outcome, code = _monitor(run, config, target, rows, stop, started)
+    except RuntimeError as err:
+        outcome = f"not solved: {err}"
+    finally:
+        if interrupted and not outcome:
+            outcome, code = "not solved: interrupted", 130
+        run.stop_all()
+        _write_outputs(run_dir, rows, target)
+    print(("\n" if sys.stdout.isatty() else "") + outcome, flush=True)
+    return code
+
+
+def _monitor(
+    run: Run, config: cfg.LocalConfig, target: float, rows: list[dict], stop, started
+) -> tuple[str, int]:
+    tty = sys.stdout.isatty()
+    last_print = 0.0
+    previous: dict | None = None
+    with open(run.run_dir / "metrics.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, FIELDS)
+        writer.writeheader()
+        while not stop.wait(config.progress_interval):
+            dead = run.dead_child()
+            if dead is not None:
+                return (
+                    f"not solved: {dead.name} exited with code {dead.process.returncode} (see {run.run_dir}/logs/{dead.name}.log)",
+                    1,
+                )
+            row = _collect(run, time.monotonic() - started, previous)
+            rows.append(row)
+            writer.writerow(row)
+            fh.flush()
+            previous = row
+            if tty or row["seconds"] - last_print >= 5:
+                line = (f"{row['seconds']:6.1f} s  env steps {_format_count(row['env_steps'])} "
+                        f"({_format_count(row['env_steps_per_s'])}/s)  updates {_format_count(row['updates'])} "
+                        f"({_format_count(row['updates_per_s'])}/s)  replay {_format_count(row['replay_size'])}  "
+                        f"eval {row['eval_mean_return']:.1f}")  # fmt: skip
+                print(("\r" + line + "   ") if tty else line, end="" if tty else "\n", flush=True)
+                last_print = row["seconds"]
+            if row["eval_rounds"] > 0 and row["eval_mean_return"] >= target:
+                return (
+                    f"solved in {row['seconds']:.1f} s ({_format_count(row['env_steps'])} env steps)",
+                    0,
+                )
+            if row["seconds"] > config.max_seconds or (
+                config.max_env_steps and row["env_steps"] > config.max_env_steps
+            ):
+                return (f"not solved in {row['seconds']:.1f} s ({_format_count(row['env_steps'])} env steps): "
+                        f"best evaluation {max(r['eval_mean_return'] for r in rows):.1f} < {target:g}"), 1  # fmt: skip
+    return "", 130
+
+
+def _collect(run: Run, seconds: float, previous: dict | None) -> dict:
+    totals: dict[str, float] = {}
+    for child in run.children:
+        try:
+            for name, value in child.metrics().items():
+                totals[name] = totals.get(name, 0.0) + value
+        except OSError:  # a child busy or restarting: its numbers come next time
+            pass
+    row = {
+        "seconds": round(seconds, 3),
+        "env_steps": totals.get("apexrl_actor_env_steps_total", 0.0),
+        "updates": totals.get("apexrl_learner_update_step", 0.0),
+        "replay_size": totals.get("apexrl_replay_size", 0.0),
+        "eval_mean_return": totals.get("apexrl_evaluation_mean_return", 0.0),
+        "eval_rounds": totals.get("apexrl_evaluation_rounds_total", 0.0),
+        "parameter_version": totals.get("apexrl_learner_parameter_version", 0.0),
+        "loss": totals.get("apexrl_learner_loss", math.nan),
+        "prefetch_wait_fraction": totals.get("apexrl_learner_prefetch_wait_fraction", math.nan),
+        "transitions_dropped": totals.get("apexrl_actor_transitions_dropped_total", 0.0),
+    }
+    dt = seconds - previous["seconds"] if previous else seconds
+    for key in ("env_steps", "updates"):
+        before = previous[key] if previous else 0.0
+        row[f"{key}_per_s"] = round((row[key] - before) / dt, 1) if dt > 0 else 0.0
+    return row
+
+
+def _write_outputs(run_dir: Path, rows: list[dict], target: float) -> None:
+    if rows:
+        plot(rows, run_dir / "learning_curve.png", target)
+
+
+def eval_main(argv: list[str]) -> int:
+    """apexrl eval --checkpoint PATH: plays a saved learner policy greedily."""
+    from apexrl.actor.evaluator import evaluate
+    from apexrl.common import checkpoint
+    from apexrl.learner.network import load_numpy_state
+    from apexrl.learner.service import make_network
+
+    config = cfg.parse(cfg.EvalConfig, argv, "eval", "apexrl eval")
+    path = Path(config.checkpoint)
+    if path.is_dir():
+        found = checkpoint.load_newest(path, "learner")
+        if found is None:
+            sys.exit(f"apexrl eval: no valid learner checkpoint in {path}")
+        path, meta, arrays = found
+    else:
+        meta, arrays = checkpoint.read_checkpoint(path, "learner")
+    agent = cfg.AgentConfig(
+        **{f.name: meta["config"][f.name] for f in dataclasses.fields(cfg.AgentConfig)}
+    )
+    net = make_network(agent, gym.make(agent.env))
+    load_numpy_state(
+        net, {k[len("online/") :]: v for k, v in arrays.items() if k.startswith("online/")}
+    )
+    returns = evaluate(net, agent.env, config.episodes, config.seed, config.epsilon)
+    print(f"{path}: {agent.env}, update {meta['update_step']}, version {meta['version']}")
+    print("returns: " + " ".join(f"{r:g}" for r in returns))
+    print(
+        f"mean {returns.mean():.1f}, min {returns.min():g}, max {returns.max():g} over {len(returns)} episodes"
+    )
+    return 0

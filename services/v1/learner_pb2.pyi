@@ -1,0 +1,41 @@
+from apexrl.v1 import tensor_pb2 as _tensor_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GetParametersRequest(_message.Message):
+    __slots__ = ("have_version", "actor_id")
+    HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    have_version: int
+    actor_id: str
+    def __init__(self, have_version: _Optional[int] = ..., actor_id: _Optional[str] = ...) -> None: ...
+
+class GetParametersResponse(_message.Message):
+    __slots__ = ("version", "parameters", "update_step", "actor_index", "num_actors", "epsilon", "lease_seconds")
+    class ParametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _tensor_pb2.Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_STEP_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_ACTORS_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    parameters: _containers.MessageMap[str, _tensor_pb2.Tensor]
+    update_step: int
+    actor_index: int
+    num_actors: int
+    epsilon: float
+    lease_seconds: float
+    def __init__(self, version: _Optional[int] = ..., parameters: _Optional[_Mapping[str, _tensor_pb2.Tensor]] = ..., update_step: _Optional[int] = ..., actor_index: _Optional[int] = ..., num_actors: _Optional[int] = ..., epsilon: _Optional[float] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
