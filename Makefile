@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 run: setup
-	$(VENV)/bin/apexrl replay --host 127.0.0.1 --checkpoint-dir runs/replay-checkpoints
+	$(VENV)/bin/apexrl local
 
 test: setup lint
 	$(PY) protos/generate.py --check

@@ -231,9 +231,7 @@ class LocalConfig(AgentConfig):
         0.0, "evaluation mean return that counts as solved (0: the env's reward_threshold)"
     )
     progress_interval: float = option(0.5, "seconds between progress updates and metrics CSV rows")
-    log_level: str = option(
-        "WARNING", "logging level of the services (their logs go to RUN_DIR/logs)"
-    )
+    log_level: str = option("INFO", "logging level of the services (their logs go to RUN_DIR/logs)")
 
 
 @dataclass

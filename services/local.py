@@ -33,7 +33,14 @@ log = logging.getLogger(__name__)
 # Settings local mode gives each service unless the user's --config says otherwise: sized for
 # CartPole-like tasks on a small machine.
 SERVICE_DEFAULTS = {
-    "replay": {"capacity": 100_000, "min_size_to_sample": 1_000},
+    # Each transition is sampled about 8 times: the rate limiter holds actors back so the
+    # learner gets its share of the two cores.
+    "replay": {
+        "capacity": 100_000,
+        "min_size_to_sample": 1_000,
+        "samples_per_insert": 8.0,
+        "error_buffer": 8_000.0,
+    },
     "learner": {"checkpoint_interval": 0.0},
     "actor": {},
     "evaluator": {},
@@ -70,6 +77,7 @@ class Child:
     name: str
     process: subprocess.Popen
     ports: dict
+    ready_file: Path
 
     def metrics(self) -> dict[str, float]:
         """Sum of every sample of every metric, by sample name."""
@@ -97,7 +105,7 @@ class Run:
         self.config_path = run_dir / "config.toml"
         self.config_path.write_text(dump_toml(settings))
 
-    def start(self, name: str, command: str, *flags: str) -> Child:
+    def launch(self, name: str, command: str, *flags: str) -> Child:
         ready = self.run_dir / "ready" / f"{name}.json"
         args = [sys.executable, "-m", "apexrl.cli", command, "--config", str(self.config_path)]
         args += ["--host", "127.0.0.1", "--metrics-port", "0", "--ready-file", str(ready), *flags]
@@ -105,26 +113,38 @@ class Run:
             process = subprocess.Popen(
                 args, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
             )
-        child = Child(name, process, {})
+        child = Child(name, process, {}, ready)
         self.children.append(child)
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not start; see {self.run_dir}/logs/{name}.log")
-            time.sleep(0.05)
-        child.ports = json.loads(ready.read_text())
         return child
 
+    def wait_ready(self, children: list[Child], timeout: float = 120) -> None:
+        """Waits until each child has written its ready file (its ports)."""
+        deadline = time.monotonic() + timeout
+        for child in children:
+            while not child.ready_file.exists():
+                if child.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"{child.name} did not start; see {self.run_dir}/logs/{child.name}.log"
+                    )
+                time.sleep(0.05)
+            child.ports = json.loads(child.ready_file.read_text())
+
     def start_all(self) -> None:
-        replay = self.start("replay", "replay", "--port", "0")
+        """Replay, then the learner (it needs replay's port), then actors and evaluator at once."""
+        replay = self.launch("replay", "replay", "--port", "0")
+        self.wait_ready([replay])
         replay_address = f"127.0.0.1:{replay.ports['port']}"
-        learner = self.start("learner", "learner", "--port", "0", "--replay", replay_address)
+        learner = self.launch("learner", "learner", "--port", "0", "--replay", replay_address)
+        self.wait_ready([learner])
         learner_address = f"127.0.0.1:{learner.ports['port']}"
-        for i in range(self.config.actors):
-            self.start(
+        workers = [
+            self.launch(
                 f"actor-{i}", "actor", "--replay", replay_address, "--learner", learner_address
             )
-        self.start("evaluator", "evaluator", "--learner", learner_address)
+            for i in range(self.config.actors)
+        ]
+        workers.append(self.launch("evaluator", "evaluator", "--learner", learner_address))
+        self.wait_ready(workers)
 
     def stop_all(self, timeout: float = 60) -> None:
         """SIGTERM in dependency order (actors first, replay last), so each checkpoints cleanly."""
@@ -201,7 +221,6 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     try:
         run.start_all()
-        started = time.monotonic()  # the clock starts once every service is up
         print(
             f"apexrl local: {config.env}, {config.actors} actors, run folder {run_dir}", flush=True
         )

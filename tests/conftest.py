@@ -123,13 +123,20 @@ def replay_factory(tmp_path):
 
 
 @dataclass
-class ReplayProcess:
-    """`apexrl replay` as a real child process."""
+class ServiceProcess:
+    """`apexrl <command>` as a real child process."""
 
     process: subprocess.Popen
-    address: str
-    metrics_port: int
+    ports: dict
     log_path: Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.ports['port']}"
+
+    @property
+    def metrics_port(self) -> int:
+        return self.ports["metrics_port"]
 
     def log(self) -> str:
         return self.log_path.read_text()
@@ -143,33 +150,43 @@ class ReplayProcess:
         self.process.wait(10)
 
 
-def start_replay_process(tmp_path: Path, *flags: str) -> ReplayProcess:
-    ready = tmp_path / f"ready-{time.monotonic_ns()}.json"
-    log_path = tmp_path / f"replay-{time.monotonic_ns()}.log"
-    command = [sys.executable, "-m", "apexrl.cli", "replay", "--host", "127.0.0.1", "--port", "0"]
-    command += ["--metrics-port", "0", "--ready-file", str(ready), *flags]
+def start_service(tmp_path: Path, command: str, *flags: str) -> ServiceProcess:
+    """Starts `apexrl command` on loopback with free ports and waits until it serves."""
+    stamp = time.monotonic_ns()
+    ready, log_path = tmp_path / f"ready-{stamp}.json", tmp_path / f"{command}-{stamp}.log"
+    args = [sys.executable, "-m", "apexrl.cli", command, "--host", "127.0.0.1"]
+    args += ["--metrics-port", "0", "--ready-file", str(ready)]
+    if command in ("replay", "learner") and "--port" not in flags:
+        args += ["--port", "0"]
     with open(log_path, "w") as log:
         process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy()
+            [*args, *flags], stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy()
         )
     ports = wait_for(
-        lambda: process.poll() is not None or read_ready_file(ready), 30, "replay process to serve"
+        lambda: process.poll() is not None or read_ready_file(ready),
+        60,
+        f"{command} process to serve",
     )
     if process.poll() is not None:
-        pytest.fail(f"replay exited with {process.returncode}:\n{log_path.read_text()}")
-    return ReplayProcess(process, f"127.0.0.1:{ports['port']}", ports["metrics_port"], log_path)
+        pytest.fail(f"{command} exited with {process.returncode}:\n{log_path.read_text()}")
+    return ServiceProcess(process, ports, log_path)
 
 
 @pytest.fixture
-def replay_process(tmp_path):
-    """Factory for replay child processes; any still running after the test are killed."""
-    started: list[ReplayProcess] = []
+def service_process(tmp_path):
+    """Factory for service child processes; any still running after the test are killed."""
+    started: list[ServiceProcess] = []
 
-    def start(*flags: str) -> ReplayProcess:
-        started.append(start_replay_process(tmp_path, *flags))
+    def start(command: str, *flags: str) -> ServiceProcess:
+        started.append(start_service(tmp_path, command, *flags))
         return started[-1]
 
     yield start
     for proc in started:
         if proc.process.poll() is None:
             proc.kill()
+
+
+@pytest.fixture
+def replay_process(service_process):
+    return lambda *flags: service_process("replay", *flags)

@@ -67,19 +67,33 @@ class ActorMetrics:
 
 
 class InsertBuffer:
-    """Bounded FIFO of transition batches, drained into replay by a thread that never gives up."""
+    """Bounded FIFO of transition batches, drained into replay by a thread that never gives up.
 
-    def __init__(self, replay: ReplayClient, limit: int, metrics: ActorMetrics):
-        self.replay, self.limit, self.metrics = replay, limit, metrics
+    While replay is reachable, `put` applies backpressure: it waits until at most
+    `in_flight` batches are queued, so a replay rate limiter slows the actor down instead of
+    the actor racing ahead. While replay is unreachable, `put` never waits: the buffer
+    grows to `limit` transitions, then drops the oldest and counts them.
+    """
+
+    def __init__(self, replay: ReplayClient, limit: int, metrics: ActorMetrics, stop: threading.Event,
+                 in_flight: int = 2):  # fmt: skip
+        self.replay, self.limit, self.metrics, self.stop = replay, limit, metrics, stop
+        self.in_flight = in_flight
         self._batches: collections.deque = collections.deque()
         self._count = 0
         self._cond = threading.Condition()
         self._closing = False
+        self._outage = False
         self._thread = threading.Thread(target=self._drain, name="insert", daemon=True)
         self._thread.start()
 
     def put(self, columns: dict[str, np.ndarray], priorities: np.ndarray) -> None:
         with self._cond:
+            while not self._cond.wait_for(
+                lambda: self._outage or len(self._batches) < self.in_flight, timeout=0.2
+            ):
+                if self.stop.is_set():
+                    break
             self._batches.append((columns, priorities))
             self._count += len(priorities)
             while self._count > self.limit and len(self._batches) > 1:
@@ -87,7 +101,7 @@ class InsertBuffer:
                 self._count -= len(dropped)
                 self.metrics.dropped.inc(len(dropped))
             self.metrics.buffered.set(self._count)
-            self._cond.notify()
+            self._cond.notify_all()
 
     def _drain(self) -> None:
         backoff = Backoff()
@@ -105,14 +119,18 @@ class InsertBuffer:
                 delay = backoff.next_delay()
                 log.warning("insert failed (%s); retrying in %.2f s", _short(err), delay)
                 with self._cond:
+                    self._outage = True
+                    self._cond.notify_all()
                     self._cond.wait(delay)
                 continue
             backoff.reset()
             with self._cond:
+                self._outage = False
                 if self._batches and self._batches[0][1] is priorities:
                     self._batches.popleft()
                     self._count -= len(priorities)
                 self.metrics.buffered.set(self._count)
+                self._cond.notify_all()
             self.metrics.inserted.inc(len(priorities))
 
     def close(self, flush_seconds: float) -> None:
@@ -203,7 +221,7 @@ def run(
     num_actions = int(envs.single_action_space.n)
     adder = NStepAdder(config.num_envs, config.n_step, config.gamma)
     replay = ReplayClient(config.replay, timeout=30.0, retry_seconds=1.0)
-    buffer = InsertBuffer(replay, config.buffer_limit, metrics)
+    buffer = InsertBuffer(replay, config.buffer_limit, metrics, stop)
     puller = ParameterPuller(LearnerClient(config.learner, retry_seconds=1.0), actor_id, metrics)
     log.info(
         "actor %s: %s x%d, waiting for parameters from %s",

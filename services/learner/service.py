@@ -258,6 +258,12 @@ class Learner:
         waited = busy = 0.0
         last_checkpoint = time.monotonic()
         while not self.stop.is_set():
+            if self.config.max_updates and self.update_step >= self.config.max_updates:
+                log.info(
+                    "reached max_updates %d: training stops, parameters still served",
+                    self.update_step,
+                )
+                break
             started = time.perf_counter()
             try:
                 item = batches.get(timeout=0.5)
@@ -276,9 +282,6 @@ class Learner:
             if interval > 0 and time.monotonic() - last_checkpoint > interval:
                 self.checkpoint()
                 last_checkpoint = time.monotonic()
-            if self.config.max_updates and self.update_step >= self.config.max_updates:
-                log.info("reached max_updates %d", self.config.max_updates)
-                break
         priorities.put(None)
         threads[1].join(10)
 

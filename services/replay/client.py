@@ -88,9 +88,11 @@ class ReplayClient:
         A batch the rate limiter holds waits up to the client's timeout (DEADLINE_EXCEEDED).
         """
         request = insert_request(self.table, columns, priorities)
-        return self._retry(
-            lambda: next(self.stub.Insert(iter([request]), timeout=self.timeout)), "insert"
+        # Read the stream to its end: dropping it after the ack would cancel the call.
+        (response,) = self._retry(
+            lambda: list(self.stub.Insert(iter([request]), timeout=self.timeout)), "insert"
         )
+        return response
 
     def sample(self, batch_size: int, beta: float = 0.4) -> SampledBatch:
         request = replay_pb2.SampleRequest(table=self.table, batch_size=batch_size, beta=beta)

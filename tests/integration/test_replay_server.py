@@ -12,12 +12,17 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from apexrl.common import tensors
 from apexrl.replay.client import insert_request
 from apexrl.v1 import replay_pb2, tensor_pb2
-from tests.conftest import transitions
+from tests.conftest import transitions, wait_for
 
 
 def metrics_text(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         return response.read().decode()
+
+
+def metrics_containing(port: int, needle: str) -> str | None:
+    text = metrics_text(port)
+    return text if needle in text else None
 
 
 def health_status(address: str, service: str = "") -> int:
@@ -293,7 +298,10 @@ def test_metrics_endpoint(replay):
         client.sample(8)
         with pytest.raises(grpc.RpcError):
             client.sample(0)
-    text = metrics_text(replay.metrics_port)
+    # A call's grpc_server_* sample is recorded when the server ends the call, which can be
+    # just after the client has its response: wait for the last one.
+    ended = 'grpc_server_handling_seconds_bucket{grpc_code="INVALID_ARGUMENT",grpc_method="Sample"'
+    text = wait_for(lambda: metrics_containing(replay.metrics_port, ended), 10, ended)
     assert 'apexrl_replay_size{table="default"} 40.0' in text
     assert 'apexrl_replay_inserts_total{table="default"} 40.0' in text
     assert 'apexrl_replay_samples_total{table="default"} 8.0' in text

@@ -1,0 +1,113 @@
+"""Learner, actor and evaluator as real processes over loopback."""
+
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+
+from apexrl.common import checkpoint
+from apexrl.learner.client import LearnerClient
+from apexrl.replay.client import ReplayClient
+from tests.conftest import wait_for
+
+
+def cartpole_transitions(n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    obs = rng.normal(size=(n, 4)).astype(np.float32)
+    return {
+        "obs": obs,
+        "action": rng.integers(2, size=n),
+        "reward": np.ones(n, np.float32),
+        "discount": np.full(n, 0.99**3, np.float32),
+        "next_obs": obs + rng.normal(scale=0.1, size=(n, 4)).astype(np.float32),
+    }
+
+
+def metric(port: int, name: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
+    return sum(values)
+
+
+def test_parameters_versions_and_leases(service_process):
+    replay = service_process("replay", "--min-size-to-sample", "1")
+    learner = service_process("learner", "--replay", replay.address, "--lease-seconds", "1")
+    with LearnerClient(learner.address, timeout=10) as client:
+        first = client.get_parameters(0, "actor-a")
+        assert first.version >= 1 and first.arrays
+        assert all(a.dtype == np.float32 for a in first.arrays.values())
+        assert (first.actor_index, first.num_actors, first.epsilon) == (0, 1, pytest.approx(0.4))
+        current = client.get_parameters(first.version, "actor-b")
+        assert current.arrays == {} and current.version == first.version
+        assert (current.actor_index, current.num_actors) == (1, 2)
+        assert current.epsilon == pytest.approx(0.4**8)
+        for bad, field in ((dict(have_version=first.version + 1000), "have_version"),
+                           (dict(actor_id="x" * 129), "actor_id")):  # fmt: skip
+            with pytest.raises(grpc.RpcError) as caught:
+                client.get_parameters(**bad)
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert field in caught.value.details()
+        # actor-a stops renewing: within a lease period the ladder re-spreads over actor-b alone.
+        alone = wait_for(
+            lambda: (p := client.get_parameters(0, "actor-b")).num_actors == 1 and p,
+            10,
+            "lease expiry",
+        )
+        assert (alone.actor_index, alone.epsilon) == (0, pytest.approx(0.4))
+    assert learner.terminate() == 0 and replay.terminate() == 0
+
+
+def test_learner_trains_checkpoints_on_sigterm_and_resumes_exactly(service_process, tmp_path):
+    ckpt = tmp_path / "learner"
+    replay = service_process("replay", "--min-size-to-sample", "100")
+    with ReplayClient(replay.address) as client:
+        client.insert(cartpole_transitions(2000))
+    flags = ("--replay", replay.address, "--checkpoint-dir", str(ckpt), "--max-updates", "60",
+             "--publish-interval", "10", "--batch-size", "32", "--seed", "3")  # fmt: skip
+    learner = service_process("learner", *flags)
+    with LearnerClient(learner.address) as client:
+        wait_for(lambda: client.get_parameters().update_step >= 60, 60, "60 updates")
+        trained = client.get_parameters()
+    with ReplayClient(replay.address) as client:
+        info = client.info()
+    assert info.samples >= 60 * 32  # it trained on replay's batches
+    assert wait_for(
+        lambda: info.priority_updates > 0 or client.info().priority_updates, 10, "priorities"
+    )
+    assert learner.terminate() == 0
+    path, meta, arrays = checkpoint.load_newest(ckpt, "learner")
+    assert meta["update_step"] == 60 and meta["version"] >= trained.version
+
+    resumed = service_process("learner", *flags)
+    assert "resumed from" in resumed.log()
+    with LearnerClient(resumed.address) as client:
+        after = client.get_parameters()
+    assert (after.update_step, after.version) == (60, meta["version"])  # never backwards
+    for name, value in after.arrays.items():
+        np.testing.assert_array_equal(value, arrays[f"online/{name}"])
+    assert resumed.terminate() == 0 and replay.terminate() == 0
+
+
+def test_actor_keeps_running_through_a_replay_outage(service_process):
+    replay = service_process("replay", "--min-size-to-sample", "1")
+    port = replay.address.rsplit(":", 1)[1]
+    learner = service_process("learner", "--replay", replay.address, "--batch-size", "32")
+    actor = service_process("actor", "--replay", replay.address, "--learner", learner.address,
+                            "--num-envs", "2", "--insert-batch", "16", "--buffer-limit", "300")  # fmt: skip
+    with ReplayClient(replay.address) as client:
+        wait_for(lambda: client.info().inserts > 0, 60, "first inserts")
+    replay.kill()  # SIGKILL: no goodbye
+    wait_for(lambda: metric(actor.metrics_port, "apexrl_actor_transitions_dropped_total") > 0, 60,
+             "actor to fill its bounded buffer and drop")  # fmt: skip
+    steps = metric(actor.metrics_port, "apexrl_actor_env_steps_total")
+    wait_for(
+        lambda: metric(actor.metrics_port, "apexrl_actor_env_steps_total") > steps, 30, "acting on"
+    )
+    assert actor.process.poll() is None and learner.process.poll() is None
+    back = service_process("replay", "--min-size-to-sample", "1", "--port", port)
+    with ReplayClient(back.address) as client:
+        wait_for(lambda: client.info().inserts > 0, 60, "inserts after the outage")
+    assert metric(actor.metrics_port, "apexrl_actor_transitions_buffered") <= 300 + 16
+    for proc in (actor, learner, back):
+        assert proc.terminate() == 0

@@ -1,0 +1,46 @@
+"""Leases (the epsilon ladder over live actors) and parameter versions."""
+
+import numpy as np
+import pytest
+
+from apexrl.learner.service import Leases, ParameterStore
+from apexrl.v1 import learner_pb2
+
+
+def test_leases_order_by_arrival_and_expire():
+    leases = Leases(seconds=10)
+    assert leases.renew("b", now=0) == (0, 1)
+    assert leases.renew("a", now=1) == (1, 2)  # later arrival, later place, whatever the id
+    assert leases.renew("c", now=2) == (2, 3)
+    assert leases.renew("b", now=5) == (0, 3)  # renewing keeps the place
+    # "a" and "c" fall silent; after 10 s only b and a newcomer remain: the ladder re-spreads.
+    assert leases.renew("b", now=12.5) == (0, 1)
+    assert leases.renew("d", now=13) == (1, 2)
+    assert leases.renew("a", now=14) == (2, 3)  # a returning actor starts a new lease at the end
+
+
+def test_parameter_versions_increase_and_current_callers_get_no_payload():
+    store = ParameterStore()
+    assert store.publish({"w": np.ones(3, np.float32)}, update_step=0) == 1
+    assert store.publish({"w": np.full(3, 2, np.float32)}, update_step=10) == 2
+    fresh, current = learner_pb2.GetParametersResponse(), learner_pb2.GetParametersResponse()
+    store.fill(fresh, have_version=1)
+    store.fill(current, have_version=2)
+    assert (fresh.version, fresh.update_step, list(fresh.parameters)) == (2, 10, ["w"])
+    assert np.frombuffer(fresh.parameters["w"].data, np.float32).tolist() == [2, 2, 2]
+    assert current.version == 2 and len(current.parameters) == 0
+
+
+def test_resumed_version_is_kept():
+    store = ParameterStore()
+    assert store.publish({"w": np.ones(1, np.float32)}, update_step=500, version=42) == 42
+    assert store.publish({"w": np.ones(1, np.float32)}, update_step=510) == 43
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 16])
+def test_ladder_in_responses_matches_the_formula(n):
+    from apexrl.actor.epsilon import epsilon_ladder
+
+    values = [epsilon_ladder(i, n) for i in range(n)]
+    expected = [0.4] if n == 1 else [0.4 ** (1 + 7 * i / (n - 1)) for i in range(n)]
+    np.testing.assert_allclose(values, expected)
