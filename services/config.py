@@ -92,10 +92,10 @@ class LearnerConfig(AgentConfig, ServeConfig):
     device: str = option(
         "auto", "torch device: auto (CUDA when present, else CPU), cpu, cuda, cuda:N"
     )
-    batch_size: int = option(128, "transitions per update")
-    learning_rate: float = option(1e-3, "Adam learning rate")
+    batch_size: int = option(256, "transitions per update")
+    learning_rate: float = option(2e-3, "Adam learning rate")
     max_grad_norm: float = option(10.0, "gradient norm clipping")
-    target_update_interval: int = option(100, "updates between target network syncs")
+    target_update_interval: int = option(50, "updates between target network syncs")
     beta: float = option(0.4, "importance-sampling exponent sent with each sample request")
     priority_epsilon: float = option(1e-3, "new priority = |TD error| + this")
     publish_interval: int = option(10, "updates between parameter versions for actors")

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -64,6 +65,13 @@ def dump_toml(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def free_port() -> int:
+    """A TCP port free on loopback now (the OS picks it; a child binds it a moment later)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _die_with_parent() -> None:
     """In the child: get SIGTERM if local mode dies, even by SIGKILL (Linux)."""
     try:
@@ -107,6 +115,7 @@ class Run:
 
     def launch(self, name: str, command: str, *flags: str) -> Child:
         ready = self.run_dir / "ready" / f"{name}.json"
+        ready.unlink(missing_ok=True)  # a reused run folder holds the previous run's ports
         args = [sys.executable, "-m", "apexrl.cli", command, "--config", str(self.config_path)]
         args += ["--host", "127.0.0.1", "--metrics-port", "0", "--ready-file", str(ready), *flags]
         with open(self.run_dir / "logs" / f"{name}.log", "w") as log_file:
@@ -130,27 +139,39 @@ class Run:
             child.ports = json.loads(child.ready_file.read_text())
 
     def start_all(self) -> None:
-        """Replay, then the learner (it needs replay's port), then actors and evaluator at once."""
-        replay = self.launch("replay", "replay", "--port", "0")
-        self.wait_ready([replay])
-        replay_address = f"127.0.0.1:{replay.ports['port']}"
-        learner = self.launch("learner", "learner", "--port", "0", "--replay", replay_address)
-        self.wait_ready([learner])
-        learner_address = f"127.0.0.1:{learner.ports['port']}"
-        workers = [
+        """Starts every service at once (imports dominate start-up), then waits until all serve.
+
+        The gRPC ports are picked here, not by the children (port 0), so that no child has to
+        wait for another's ready file before it can be told where its peers are.
+        """
+        replay_address, learner_address = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+        self.launch("replay", "replay", "--port", replay_address.split(":")[1])
+        self.launch(
+            "learner",
+            "learner",
+            "--port",
+            learner_address.split(":")[1],
+            "--replay",
+            replay_address,
+        )
+        for i in range(self.config.actors):
             self.launch(
                 f"actor-{i}", "actor", "--replay", replay_address, "--learner", learner_address
             )
-            for i in range(self.config.actors)
-        ]
-        workers.append(self.launch("evaluator", "evaluator", "--learner", learner_address))
-        self.wait_ready(workers)
+        self.launch("evaluator", "evaluator", "--learner", learner_address)
+        self.wait_ready(self.children)
 
     def stop_all(self, timeout: float = 60) -> None:
-        """SIGTERM in dependency order (actors first, replay last), so each checkpoints cleanly."""
-        for child in reversed(self.children):
-            if child.process.poll() is None:
+        """SIGTERM in dependency order, each group at once: actors and evaluator, then the
+        learner (final checkpoint), then replay, so nobody loses the peer it is flushing to."""
+        by_name = {c.name: c for c in self.children}
+        workers = [c for c in self.children if c.name not in ("learner", "replay")]
+        groups = [workers, *([by_name[n]] for n in ("learner", "replay") if n in by_name)]
+        for group in groups:
+            running = [c for c in group if c.process.poll() is None]
+            for child in running:
                 child.process.send_signal(signal.SIGTERM)
+            for child in running:
                 try:
                     child.process.wait(timeout)
                 except subprocess.TimeoutExpired:

@@ -89,6 +89,8 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         labels = (_rpc_type(handler), service, method)
         metrics = self._metrics
 
+        started_counter = metrics.started.labels(*labels)
+
         def finish(context, started: float, error: BaseException | None) -> None:
             if isinstance(error, asyncio.CancelledError):
                 code = grpc.StatusCode.CANCELLED
@@ -108,7 +110,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             behavior = handler.unary_stream or handler.stream_stream
 
             async def wrapped(request, context):
-                metrics.started.labels(*labels).inc()
+                started_counter.inc()
                 started, error = time.perf_counter(), None
                 try:
                     result = behavior(request, context)
@@ -129,7 +131,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             behavior = handler.unary_unary or handler.stream_unary
 
             async def wrapped(request, context):
-                metrics.started.labels(*labels).inc()
+                started_counter.inc()
                 started, error = time.perf_counter(), None
                 try:
                     return await behavior(request, context)

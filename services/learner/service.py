@@ -155,6 +155,8 @@ class LearnerMetrics:
 class Learner:
     """Online and target networks, optimizer and counters; trains until told to stop."""
 
+    COALESCE = 16  # at most this many updates' priorities go to replay in one call
+
     def __init__(self, config: LearnerConfig, metrics: LearnerMetrics, store: ParameterStore):
         self.config, self.metrics, self.store = config, metrics, store
         self.device = pick_device(config.device)
@@ -325,17 +327,23 @@ class Learner:
                 batches.put(err)
 
     def _write_priorities(self, replay: ReplayClient, priorities: queue.Queue) -> None:
-        """Writes priorities back, coalescing everything queued since the last write."""
-        while True:
+        """Writes priorities back, coalescing up to COALESCE updates (or what arrives in 20 ms):
+        a replay call costs far more than a few thousand keys do."""
+        done = False
+        while not done:
             item = priorities.get()
             done = item is None
             pending = [] if done else [item]
-            while not priorities.empty():
-                more = priorities.get()
-                if more is None:
+            deadline = time.monotonic() + 0.02
+            while not done and len(pending) < self.COALESCE:
+                try:
+                    item = priorities.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if item is None:
                     done = True
                 else:
-                    pending.append(more)
+                    pending.append(item)
             if pending:
                 keys = np.concatenate([k for k, _ in pending])
                 values = np.concatenate([p for _, p in pending])
@@ -346,8 +354,6 @@ class Learner:
                     if self.stop.is_set():
                         return
                     log.warning("priority update of %d keys failed: %s", len(keys), err)
-            if done:
-                return
 
 
 def build(
