@@ -204,7 +204,7 @@ def initial_priorities(
     """|TD error| from the actor's own network (as both online and target), as in Ape-X."""
     batch = {name: torch.from_numpy(array) for name, array in columns.items()}
     with torch.no_grad():
-        _, td_errors = dqn_loss(net, net, batch, torch.ones(len(columns["action"])))
+        _, td_errors, _ = dqn_loss(net, net, batch, torch.ones(len(columns["action"])))
     return td_errors.abs().numpy().astype(np.float32) + epsilon
 
 

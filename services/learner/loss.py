@@ -30,8 +30,9 @@ def dqn_loss(
     target: nn.Module,
     batch: dict[str, torch.Tensor],
     weights: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Importance-weighted mean Huber loss, and the detached TD errors [B] for new priorities.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Importance-weighted mean Huber loss, the detached TD errors [B] for new priorities, and
+    the detached Q(obs, action) [B] (for metrics).
 
     batch holds the transition columns obs, action (int64), reward, discount, next_obs.
     """
@@ -41,4 +42,4 @@ def dqn_loss(
     per_item = F.huber_loss(q, y, reduction="none", delta=1.0)
     loss = (weights * per_item).mean()
     td_errors = (y - q).detach()
-    return loss, td_errors
+    return loss, td_errors, q.detach()

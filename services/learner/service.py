@@ -288,7 +288,7 @@ class Learner:
         threads[1].join(10)
 
     def _update(self, columns, weights, keys, priorities: queue.Queue) -> None:
-        loss, td_errors = dqn_loss(self.online, self.target, columns, weights)
+        loss, td_errors, q = dqn_loss(self.online, self.target, columns, weights)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.config.max_grad_norm)
@@ -307,6 +307,7 @@ class Learner:
         m.samples.inc(len(keys))
         m.loss.set(loss.item())
         m.td_error.set(float(np.abs(new_priorities - self.config.priority_epsilon).mean()))
+        m.q_mean.set(q.mean().item())
         m.weight_mean.set(float(weights.mean()))
         m.weight_min.set(float(weights.min()))
 

@@ -45,7 +45,7 @@ def test_targets_use_online_argmax_and_target_value():
 def test_loss_and_td_errors_by_hand():
     online, target = TableQ(ONLINE), TableQ(TARGET)
     weights = torch.tensor([1.0, 0.5, 2.0])
-    loss, td = dqn_loss(online, target, make_batch(), weights)
+    loss, td, _ = dqn_loss(online, target, make_batch(), weights)
     # q = [2, 1, 0], y = [16, 2, 0.5] -> td = [14, 1, 0.5]
     torch.testing.assert_close(td, torch.tensor([14.0, 1.0, 0.5]))
     assert td.shape == (3,) and not td.requires_grad
@@ -65,12 +65,12 @@ def test_loss_and_td_errors_by_hand():
 def test_weights_scale_the_loss():
     online, target = TableQ(ONLINE), TableQ(TARGET)
     ones = torch.ones(3)
-    loss1, td1 = dqn_loss(online, target, make_batch(), ones)
-    loss3, td3 = dqn_loss(online, target, make_batch(), 3 * ones)
+    loss1, td1, _ = dqn_loss(online, target, make_batch(), ones)
+    loss3, td3, _ = dqn_loss(online, target, make_batch(), 3 * ones)
     torch.testing.assert_close(loss3, 3 * loss1)
     torch.testing.assert_close(td1, td3)
     zero_first = torch.tensor([0.0, 1.0, 1.0])
-    loss_z, _ = dqn_loss(online, target, make_batch(), zero_first)
+    loss_z, _, _ = dqn_loss(online, target, make_batch(), zero_first)
     torch.testing.assert_close(loss_z, torch.tensor((0.5 + 0.125) / 3))
 
 
@@ -87,7 +87,7 @@ def test_loss_with_real_network_trains(batch_size):
         "discount": torch.full((batch_size,), 0.9),
         "next_obs": torch.randn(batch_size, 4),
     }
-    loss, td = dqn_loss(online, target, batch, torch.ones(batch_size))
+    loss, td, _ = dqn_loss(online, target, batch, torch.ones(batch_size))
     assert loss.shape == () and td.shape == (batch_size,)
     loss.backward()
     assert all(p.grad is not None for p in online.parameters())
