@@ -23,6 +23,7 @@ run: setup
 
 test: setup lint
 	$(PY) protos/generate.py --check
+	$(PY) deploy/grafana/dashboard.py --check
 	$(PY) -m pytest -q
 
 # The fast loop: unit and integration tests without the slow end-to-end ones.

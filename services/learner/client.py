@@ -2,12 +2,10 @@
 
 from dataclasses import dataclass
 
-import grpc
 import numpy as np
 
 from apexrl.common import tensors
-from apexrl.common.backoff import RECONNECT_OPTIONS, retry_unavailable
-from apexrl.common.serving import message_options
+from apexrl.common.client import GrpcClient
 from apexrl.v1 import learner_pb2, learner_pb2_grpc
 
 
@@ -21,30 +19,18 @@ class Parameters:
     num_actors: int
 
 
-class LearnerClient:
+class LearnerClient(GrpcClient):
     def __init__(self, address: str, *, timeout: float = 10.0, retry_seconds: float | None = 60.0,
                  max_message_mb: int = 512):  # fmt: skip
-        self.address, self.timeout, self.retry_seconds = address, timeout, retry_seconds
-        self.channel = grpc.insecure_channel(
-            address, options=message_options(max_message_mb) + RECONNECT_OPTIONS
+        super().__init__(
+            address, timeout=timeout, retry_seconds=retry_seconds, max_message_mb=max_message_mb
         )
         self.stub = learner_pb2_grpc.LearnerStub(self.channel)
 
-    def close(self) -> None:
-        self.channel.close()
-
-    def __enter__(self) -> "LearnerClient":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def get_parameters(self, have_version: int = 0, actor_id: str = "") -> Parameters:
         request = learner_pb2.GetParametersRequest(have_version=have_version, actor_id=actor_id)
-        response = retry_unavailable(
-            lambda: self.stub.GetParameters(request, timeout=self.timeout),
-            f"learner {self.address} get_parameters",
-            self.retry_seconds,
+        response = self._retry(
+            lambda: self.stub.GetParameters(request, timeout=self.timeout), "get_parameters"
         )
         return Parameters(
             version=response.version,

@@ -13,8 +13,8 @@ import grpc
 import numpy as np
 
 from apexrl.common import tensors
-from apexrl.common.backoff import RECONNECT_OPTIONS, Backoff, retry_unavailable
-from apexrl.common.serving import message_options
+from apexrl.common.backoff import Backoff
+from apexrl.common.client import GrpcClient
 from apexrl.v1 import replay_pb2, replay_pb2_grpc
 
 # Deadline of a long-lived stream (inserts, prefetching samples); clients reopen well before it.
@@ -50,7 +50,7 @@ def insert_request(
     return request
 
 
-class ReplayClient:
+class ReplayClient(GrpcClient):
     def __init__(
         self,
         address: str,
@@ -60,25 +60,11 @@ class ReplayClient:
         retry_seconds: float | None = 60.0,
         max_message_mb: int = 512,
     ):
-        self.address, self.table, self.timeout, self.retry_seconds = (
-            address, table, timeout, retry_seconds,
-        )  # fmt: skip
-        self.channel = grpc.insecure_channel(
-            address, options=message_options(max_message_mb) + RECONNECT_OPTIONS
+        super().__init__(
+            address, timeout=timeout, retry_seconds=retry_seconds, max_message_mb=max_message_mb
         )
+        self.table = table
         self.stub = replay_pb2_grpc.ReplayStub(self.channel)
-
-    def close(self) -> None:
-        self.channel.close()
-
-    def __enter__(self) -> "ReplayClient":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _retry(self, call, what: str):
-        return retry_unavailable(call, f"replay {self.address} {what}", self.retry_seconds)
 
     def insert(
         self, columns: dict[str, np.ndarray], priorities: np.ndarray | None = None
