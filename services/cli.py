@@ -21,9 +21,9 @@ def _setup(cls, argv: list[str], section: str):
 def _serve(config, build, section: str, registry) -> None:
     try:
         service, _ = build(config, registry)
+        asyncio.run(serve(config, service, registry))
     except ValueError as err:  # a setting that can never work: say which, exit 2
         sys.exit(f"apexrl {section}: error: {err}")
-    asyncio.run(serve(config, service, registry))
 
 
 def replay(argv: list[str]) -> None:

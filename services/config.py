@@ -42,6 +42,27 @@ class ServeConfig(ProcessConfig):
     port: int = option(50051, "gRPC port (0 picks a free one; see --ready-file)")
     max_message_mb: int = option(512, "largest gRPC message accepted or sent, in MiB")
     grace_seconds: float = option(10.0, "on SIGTERM, how long in-flight calls may take to finish")
+    tls_cert: str = option(
+        "", "PEM certificate chain of this server: serve TLS only (empty: plaintext)"
+    )
+    tls_key: str = option("", "PEM private key of --tls-cert")
+    tls_client_ca: str = option(
+        "", "PEM CA bundle: require client certificates it signed (mutual TLS)"
+    )
+
+
+@dataclass
+class ClientTLSConfig:
+    """How a process's gRPC clients reach TLS servers."""
+
+    tls_ca: str = option(
+        "",
+        "PEM CA bundle that signed the servers' certificates: connect with TLS (empty: plaintext)",
+    )
+    tls_client_cert: str = option(
+        "", "PEM certificate chain this process presents to servers (mutual TLS)"
+    )
+    tls_client_key: str = option("", "PEM private key of --tls-client-cert")
 
 
 @dataclass
@@ -83,7 +104,7 @@ class ReplayConfig(ServeConfig):
 
 
 @dataclass
-class LearnerConfig(AgentConfig, ServeConfig):
+class LearnerConfig(AgentConfig, ClientTLSConfig, ServeConfig):
     """apexrl learner: trains the Q network from replay and serves its parameters to actors."""
 
     port: int = option(50052, "gRPC port (0 picks a free one; see --ready-file)")
@@ -112,7 +133,7 @@ class LearnerConfig(AgentConfig, ServeConfig):
 
 
 @dataclass
-class ActorConfig(AgentConfig, ProcessConfig):
+class ActorConfig(AgentConfig, ClientTLSConfig, ProcessConfig):
     """apexrl actor: epsilon-greedy on its copy of the network; n-step transitions to replay."""
 
     metrics_port: int = option(9102, "Prometheus /metrics HTTP port (0 picks a free one)")
@@ -128,7 +149,7 @@ class ActorConfig(AgentConfig, ProcessConfig):
 
 
 @dataclass
-class EvaluatorConfig(AgentConfig, ProcessConfig):
+class EvaluatorConfig(AgentConfig, ClientTLSConfig, ProcessConfig):
     """apexrl evaluator: plays the newest parameters greedily and reports the returns."""
 
     metrics_port: int = option(9103, "Prometheus /metrics HTTP port (0 picks a free one)")

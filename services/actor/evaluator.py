@@ -66,7 +66,7 @@ def run(
         registry=registry,
     )
     net = make_network(config, gym.make(config.env))
-    learner = LearnerClient(config.learner, retry_seconds=1.0)
+    learner = LearnerClient(config.learner, retry_seconds=1.0, tls=config)
     version, backoff, round_index = 0, Backoff(cap=2.0), 0
     try:
         while not stop.is_set():

@@ -220,9 +220,11 @@ def run(
     net = make_network(config, gym.make(config.env))
     num_actions = int(envs.single_action_space.n)
     adder = NStepAdder(config.num_envs, config.n_step, config.gamma)
-    replay = ReplayClient(config.replay, timeout=30.0, retry_seconds=1.0)
+    replay = ReplayClient(config.replay, timeout=30.0, retry_seconds=1.0, tls=config)
     buffer = InsertBuffer(replay, config.buffer_limit, metrics, stop)
-    puller = ParameterPuller(LearnerClient(config.learner, retry_seconds=1.0), actor_id, metrics)
+    puller = ParameterPuller(
+        LearnerClient(config.learner, retry_seconds=1.0, tls=config), actor_id, metrics
+    )
     log.info(
         "actor %s: %s x%d, waiting for parameters from %s",
         actor_id[:8],

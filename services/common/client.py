@@ -1,5 +1,5 @@
-"""What every apexrl gRPC client shares: one channel with explicit limits and fast
-reconnects, deadlines on every call, and retries while the server is UNAVAILABLE."""
+"""What every apexrl gRPC client shares: one channel with explicit limits, fast reconnects and
+optional (mutual) TLS, deadlines on every call, retries while the server is UNAVAILABLE."""
 
 from collections.abc import Callable
 from typing import Self, TypeVar
@@ -8,8 +8,27 @@ import grpc
 
 from apexrl.common.backoff import RECONNECT_OPTIONS, retry_unavailable
 from apexrl.common.serving import message_options
+from apexrl.config import ClientTLSConfig
 
 T = TypeVar("T")
+
+
+def channel_credentials(tls: ClientTLSConfig | None) -> grpc.ChannelCredentials | None:
+    """TLS credentials from PEM files (None: plaintext); a client certificate makes it mutual."""
+    if tls is None or not tls.tls_ca:
+        return None
+    if bool(tls.tls_client_cert) != bool(tls.tls_client_key):
+        raise ValueError("tls_client_cert and tls_client_key: give both or neither")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(tls.tls_ca),
+        private_key=_read(tls.tls_client_key) if tls.tls_client_key else None,
+        certificate_chain=_read(tls.tls_client_cert) if tls.tls_client_cert else None,
+    )
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
 
 
 class GrpcClient:
@@ -18,14 +37,19 @@ class GrpcClient:
         address: str,
         *,
         timeout: float,
-        retry_seconds: float | None,
+        retry_seconds: float | None = 60.0,
         max_message_mb: int = 512,
+        tls: ClientTLSConfig | None = None,
     ):
         """timeout: deadline of each call, seconds; retry_seconds: how long to retry while the
-        server is UNAVAILABLE (None: forever)."""
+        server is UNAVAILABLE (None: forever); tls: CA (and client certificate) files."""
         self.address, self.timeout, self.retry_seconds = address, timeout, retry_seconds
-        self.channel = grpc.insecure_channel(
-            address, options=message_options(max_message_mb) + RECONNECT_OPTIONS
+        options = message_options(max_message_mb) + RECONNECT_OPTIONS
+        credentials = channel_credentials(tls)
+        self.channel = (
+            grpc.insecure_channel(address, options=options)
+            if credentials is None
+            else grpc.secure_channel(address, credentials, options=options)
         )
 
     def close(self) -> None:

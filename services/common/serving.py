@@ -187,7 +187,7 @@ async def serve(
     reflection.enable_server_reflection(
         [*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server
     )
-    port = server.add_insecure_port(f"{config.host}:{config.port}")
+    port = add_port(server, config)
     if port == 0:
         raise OSError(f"cannot bind gRPC port {config.host}:{config.port}")
     metrics_http, _ = prometheus_client.start_http_server(
@@ -234,6 +234,26 @@ async def serve(
         for sig in signals:
             loop.remove_signal_handler(sig)
     log.info("stopped")
+
+
+def add_port(server: grpc.aio.Server, config: ServeConfig) -> int:
+    """Binds the gRPC port: TLS when a certificate is configured (mutual with a client CA), else
+    plaintext. A TLS server accepts no plaintext connection."""
+    address = f"{config.host}:{config.port}"
+    if not config.tls_cert and not config.tls_key and not config.tls_client_ca:
+        return server.add_insecure_port(address)
+    if not (config.tls_cert and config.tls_key):
+        raise ValueError("tls_cert and tls_key: TLS needs both (tls_client_ca alone is not enough)")
+    with open(config.tls_cert, "rb") as cert, open(config.tls_key, "rb") as key:
+        pair = (key.read(), cert.read())
+    client_ca = None
+    if config.tls_client_ca:
+        with open(config.tls_client_ca, "rb") as fh:
+            client_ca = fh.read()
+    credentials = grpc.ssl_server_credentials(
+        [pair], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+    return server.add_secure_port(address, credentials)
 
 
 def write_ready_file(path: str, **ports: int) -> None:

@@ -20,11 +20,9 @@ class Parameters:
 
 
 class LearnerClient(GrpcClient):
-    def __init__(self, address: str, *, timeout: float = 10.0, retry_seconds: float | None = 60.0,
-                 max_message_mb: int = 512):  # fmt: skip
-        super().__init__(
-            address, timeout=timeout, retry_seconds=retry_seconds, max_message_mb=max_message_mb
-        )
+    def __init__(self, address: str, *, timeout: float = 10.0, **options):
+        """options: retry_seconds, max_message_mb, tls (see GrpcClient)."""
+        super().__init__(address, timeout=timeout, **options)
         self.stub = learner_pb2_grpc.LearnerStub(self.channel)
 
     def get_parameters(self, have_version: int = 0, actor_id: str = "") -> Parameters:

@@ -364,7 +364,7 @@ def build(
     store, leases = ParameterStore(), Leases(config.lease_seconds)
     learner = Learner(config, metrics, store)
     servicer = LearnerServicer(store, leases, metrics.live_actors)
-    replay = ReplayClient(config.replay, timeout=30.0, retry_seconds=None)
+    replay = ReplayClient(config.replay, timeout=30.0, retry_seconds=None, tls=config)
 
     def train() -> None:
         try:

@@ -51,18 +51,9 @@ def insert_request(
 
 
 class ReplayClient(GrpcClient):
-    def __init__(
-        self,
-        address: str,
-        *,
-        table: str = "default",
-        timeout: float = 30.0,
-        retry_seconds: float | None = 60.0,
-        max_message_mb: int = 512,
-    ):
-        super().__init__(
-            address, timeout=timeout, retry_seconds=retry_seconds, max_message_mb=max_message_mb
-        )
+    def __init__(self, address: str, *, table: str = "default", timeout: float = 30.0, **options):
+        """options: retry_seconds, max_message_mb, tls (see GrpcClient)."""
+        super().__init__(address, timeout=timeout, **options)
         self.table = table
         self.stub = replay_pb2_grpc.ReplayStub(self.channel)
 
