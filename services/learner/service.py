@@ -97,7 +97,7 @@ class ParameterStore:
     def fill(self, response: learner_pb2.GetParametersResponse, have_version: int) -> None:
         with self._lock:
             response.version, response.update_step = self.version, self.update_step
-            if have_version < self.version:
+            if have_version != self.version:  # above: the learner resumed an older checkpoint
                 for name, tensor in self._parameters.items():
                     response.parameters[name].CopyFrom(tensor)
 
@@ -111,11 +111,6 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
             raise InvalidArgument("actor_id", f"{len(request.actor_id)} characters, at most 128")
         if self.store.version == 0:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no parameters published yet")
-        if request.have_version > self.store.version:
-            raise InvalidArgument(
-                "have_version",
-                f"{request.have_version} is above the newest version {self.store.version}",
-            )
         response = learner_pb2.GetParametersResponse(lease_seconds=self.leases.seconds)
         self.store.fill(response, request.have_version)
         if request.actor_id:

@@ -47,10 +47,13 @@ class LearnerServicer:
     """
 
     def GetParameters(self, request, context):
-        """Newest parameters (if newer than have_version) and the caller's lease.
-        INVALID_ARGUMENT if have_version is above the newest version (a caller
-        from the future: it must have talked to another learner). UNAVAILABLE
-        until the learner has published version 1 (during start-up).
+        """Newest parameters (unless the caller already has exactly that version)
+        and the caller's lease. A have_version above the newest version is not an
+        error: the learner restarted from a checkpoint older than what the caller
+        holds (kill -9 loses what came after it), so the caller gets the
+        checkpoint's parameters and moves back to that version. INVALID_ARGUMENT
+        for an actor_id over 128 characters. UNAVAILABLE until the learner has
+        published version 1 (during start-up).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -42,12 +42,13 @@ def test_parameters_versions_and_leases(service_process):
         assert current.arrays == {} and current.version == first.version
         assert (current.actor_index, current.num_actors) == (1, 2)
         assert current.epsilon == pytest.approx(0.4**8)
-        for bad, field in ((dict(have_version=first.version + 1000), "have_version"),
-                           (dict(actor_id="x" * 129), "actor_id")):  # fmt: skip
-            with pytest.raises(grpc.RpcError) as caught:
-                client.get_parameters(**bad)
-            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert field in caught.value.details()
+        with pytest.raises(grpc.RpcError) as caught:
+            client.get_parameters(actor_id="x" * 129)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "actor_id" in caught.value.details()
+        # A caller ahead of the learner (it restarted from an older checkpoint) is moved back.
+        ahead = client.get_parameters(have_version=first.version + 1000)
+        assert ahead.arrays and ahead.version < first.version + 1000
         # actor-a stops renewing: within a lease period the ladder re-spreads over actor-b alone.
         alone = wait_for(
             lambda: (p := client.get_parameters(0, "actor-b")).num_actors == 1 and p,
@@ -111,3 +112,26 @@ def test_actor_keeps_running_through_a_replay_outage(service_process):
     assert metric(actor.metrics_port, "apexrl_actor_transitions_buffered") <= 300 + 16
     for proc in (actor, learner, back):
         assert proc.terminate() == 0
+
+
+def test_learner_killed_resumes_from_its_last_checkpoint(service_process, tmp_path):
+    ckpt = tmp_path / "learner"
+    replay = service_process("replay", "--min-size-to-sample", "100")
+    with ReplayClient(replay.address) as client:
+        client.insert(cartpole_transitions(2000))
+    flags = ("--replay", replay.address, "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0.5",
+             "--batch-size", "32", "--publish-interval", "5")  # fmt: skip
+    learner = service_process("learner", *flags)
+    wait_for(lambda: len(checkpoint.checkpoints(ckpt, "learner")) >= 2, 60, "periodic checkpoints")
+    with LearnerClient(learner.address) as client:
+        live = client.get_parameters()  # what an actor holds: newer than any checkpoint
+    learner.kill()  # SIGKILL: no final checkpoint
+    _, meta, arrays = checkpoint.load_newest(ckpt, "learner")
+    assert meta["version"] <= live.version
+    resumed = service_process("learner", *flags, "--max-updates", str(meta["update_step"]))
+    with LearnerClient(resumed.address) as client:
+        back = client.get_parameters(have_version=live.version)
+    assert (back.update_step, back.version) == (meta["update_step"], meta["version"])
+    for name, value in back.arrays.items():
+        np.testing.assert_array_equal(value, arrays[f"online/{name}"])
+    assert resumed.terminate() == 0 and replay.terminate() == 0
