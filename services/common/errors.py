@@ -12,8 +12,15 @@ class RequestError(Exception):
 
     code = grpc.StatusCode.INVALID_ARGUMENT
 
+    # Status messages travel as HTTP/2 trailers (16 KiB at most): values echoed from a
+    # request (table or column names) are cut so the status itself always gets through.
+    MAX_MESSAGE = 1024
+
     def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
+        text = f"{field}: {message}"
+        if len(text) > self.MAX_MESSAGE:
+            text = text[: self.MAX_MESSAGE - 20] + f"... ({len(text)} chars)"
+        super().__init__(text)
         self.field = field
 
 

@@ -24,7 +24,7 @@ import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from apexrl.common.errors import RequestError
+from apexrl.common.errors import InvalidArgument, RequestError
 from apexrl.config import ProcessConfig, ServeConfig
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,21 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             metrics.handled.labels(*labels, name).inc()
             metrics.seconds.labels(*labels, name).observe(time.perf_counter() - started)
 
+        def checked(request):
+            """The request, or for client streams an iterator of them, refusing undecodable ones."""
+            if not handler.request_streaming:
+                if isinstance(request, _Undecodable):
+                    raise request.error
+                return request
+
+            async def each():
+                async for item in request:
+                    if isinstance(item, _Undecodable):
+                        raise item.error
+                    yield item
+
+            return each()
+
         async def abort_for(error: RequestError, context) -> None:
             log.debug("%s refused: %s", handler_call_details.method, error)
             await context.abort(error.code, str(error))
@@ -113,7 +128,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                 started_counter.inc()
                 started, error = time.perf_counter(), None
                 try:
-                    result = behavior(request, context)
+                    result = behavior(checked(request), context)
                     if inspect.isasyncgen(result):
                         async for response in result:
                             yield response
@@ -134,7 +149,7 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
                 started_counter.inc()
                 started, error = time.perf_counter(), None
                 try:
-                    return await behavior(request, context)
+                    return await behavior(checked(request), context)
                 except RequestError as err:
                     await abort_for(err, context)
                 except BaseException as err:
@@ -151,9 +166,30 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
         }[labels[0]]
         return make(
             wrapped,
-            request_deserializer=handler.request_deserializer,
+            request_deserializer=_tolerant(handler.request_deserializer),
             response_serializer=handler.response_serializer,
         )
+
+
+class _Undecodable:
+    """Stands in for request bytes that do not parse, so the handler can refuse them properly
+    (gRPC would otherwise answer UNKNOWN before any of our code runs)."""
+
+    def __init__(self, error: Exception):
+        self.error = InvalidArgument("request", f"cannot parse the request message: {error}")
+
+
+def _tolerant(deserializer):
+    if deserializer is None:
+        return None
+
+    def parse(data: bytes):
+        try:
+            return deserializer(data)
+        except Exception as err:  # DecodeError, UnicodeDecodeError, ...
+            return _Undecodable(err)
+
+    return parse
 
 
 @dataclass

@@ -21,6 +21,12 @@ _TO_NUMPY = {
     tensor_pb2.UINT64: np.dtype("<u8"),
     tensor_pb2.BOOL: np.dtype("?"),
 }
+# numpy's own limit is 64 dimensions; no column needs more than a few.
+MAX_DIMS = 32
+# Larger dimensions cannot be real (the data would not fit a message) and would only overflow
+# numpy when another dimension is 0.
+MAX_DIM = 2**48
+
 _FROM_NUMPY = {dtype.newbyteorder("="): code for code, dtype in _TO_NUMPY.items()}
 
 
@@ -57,14 +63,18 @@ def from_proto(tensor: tensor_pb2.Tensor, field: str) -> np.ndarray:
     """
     dtype = dtype_from_proto(tensor.dtype, field)
     shape = tuple(tensor.shape)
-    if any(d < 0 for d in shape):
-        raise InvalidArgument(f"{field}.shape", f"negative dimension in {list(shape)}")
+    if len(shape) > MAX_DIMS:
+        raise InvalidArgument(f"{field}.shape", f"{len(shape)} dimensions, at most {MAX_DIMS}")
+    if any(d < 0 or d > MAX_DIM for d in shape):
+        raise InvalidArgument(f"{field}.shape", f"dimension outside [0, 2^48] in {list(shape)}")
     expected = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
     if len(tensor.data) != expected:
         raise InvalidArgument(
             f"{field}.data",
             f"{len(tensor.data)} bytes but shape {list(shape)} of {dtype.name} needs {expected}",
         )
+    if dtype == np.bool_ and tensor.data.translate(None, b"\x00\x01"):
+        raise InvalidArgument(f"{field}.data", "BOOL bytes must be 0 or 1")
     return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
 
 

@@ -38,7 +38,12 @@ def test_scalar_and_empty_shapes():
         (tensor_pb2.Tensor(dtype=77, shape=[1], data=b"\x00" * 4), "obs.dtype"),
         (tensor_pb2.Tensor(dtype=tensor_pb2.UINT8, shape=[-1, -2], data=b"\x00" * 2), "obs.shape"),
         # A product that would overflow int64 must not wrap around to match the data.
-        (tensor_pb2.Tensor(dtype=tensor_pb2.UINT8, shape=[2**62, 4], data=b""), "obs.data"),
+        (tensor_pb2.Tensor(dtype=tensor_pb2.UINT8, shape=[2**40, 2**40], data=b""), "obs.data"),
+        (tensor_pb2.Tensor(dtype=tensor_pb2.UINT8, shape=[2**62, 4], data=b""), "obs.shape"),
+        # Zero elements, but numpy could not make the array.
+        (tensor_pb2.Tensor(dtype=tensor_pb2.UINT8, shape=[0, 2**62, 2**62], data=b""), "obs.shape"),
+        (tensor_pb2.Tensor(dtype=tensor_pb2.UINT8, shape=[1] * 65, data=b"\x00"), "obs.shape"),
+        (tensor_pb2.Tensor(dtype=tensor_pb2.BOOL, shape=[3], data=b"\x00\x01\x02"), "obs.data"),
     ],
 )
 def test_malformed_tensors_name_the_field(tensor, field):
