@@ -641,6 +641,26 @@ def test_alert_rules_pass_promtool(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_alert_rules_unit_tests_pass(tmp_path):
+    """tests/deploy/rules-tests.yaml: each alert fires when it should and only then."""
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is not installed: apt-get install prometheus (.ci/run does)"
+    (tmp_path / "apexrl-rules.yaml").write_text(yaml.safe_dump(prometheus_rules()))
+    tests = tmp_path / "rules-tests.yaml"
+    tests.write_text((Path(__file__).parent / "rules-tests.yaml").read_text())
+    result = subprocess.run(
+        [promtool, "test", "rules", str(tests)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    tested = set(re.findall(r"alertname: (\w+)", tests.read_text()))
+    alerts = {r["alert"] for g in prometheus_rules()["groups"] for r in g["rules"] if "alert" in r}
+    assert tested == alerts, f"alerts without a unit test: {alerts - tested}"
+
+
 # --- images --------------------------------------------------------------------------------
 
 
