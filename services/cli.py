@@ -6,16 +6,14 @@ Local mode, containers and Kubernetes all start the services through these comma
 import asyncio
 import sys
 
-import prometheus_client
-
 from apexrl import config as cfg
-from apexrl.common.serving import configure_logging, run_worker, serve
+from apexrl.common.serving import configure_logging, new_registry, run_worker, serve
 
 
 def _setup(cls, argv: list[str], section: str):
     config = cfg.parse(cls, argv, section, f"apexrl {section}")
     configure_logging(config.log_level)
-    return config, prometheus_client.CollectorRegistry()
+    return config, new_registry()
 
 
 def _serve(config, build, section: str, registry) -> None:

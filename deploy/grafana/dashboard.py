@@ -34,10 +34,9 @@ NAMESPACE = "apexrl"
 CONFIGMAP_NAME = "apexrl-grafana-dashboard"
 # The label the kube-prometheus-stack Grafana sidecar looks for (grafana.sidecar.dashboards.label).
 SIDECAR_LABEL = {"grafana_dashboard": "1"}
-# The one metric not exported by apexrl itself: the restarts panel needs kube-state-metrics
-# (part of kube-prometheus-stack), so an end-to-end run without it leaves these queries out.
-RESTARTS_METRIC = "kube_pod_container_status_restarts_total"
-KUBE_STATE_METRICS = {RESTARTS_METRIC}
+# Restarts come from every process's own start time (prometheus_client's process collector),
+# so the panel needs nothing beyond apexrl's pods (no kube-state-metrics).
+RESTARTS_METRIC = "process_start_time_seconds"
 
 DATASOURCE_VARIABLE = "datasource"
 DATASOURCE = dashboard_models.DataSourceRef(
@@ -292,14 +291,10 @@ def build() -> dashboard_models.Dashboard:
     )
     builder.with_panel(
         graph(
-            "Container restarts in the last hour (needs kube-state-metrics)",
-            "From kube-state-metrics (part of kube-prometheus-stack); empty without it.",
-            [
-                query(
-                    f'sum by (container) (increase({RESTARTS_METRIC}{{namespace="{NAMESPACE}"}}[1h]))',
-                    "{{container}}",
-                )
-            ],
+            "Process restarts in the last hour",
+            "How often each pod's service process started anew (process_start_time_seconds "
+            "changed): crashes, OOM kills, liveness failures.",
+            [query(f"sum by (pod) (changes({RESTARTS_METRIC}[1h]))", "{{pod}}")],
         )
     )
 

@@ -12,6 +12,7 @@ import asyncio
 import inspect
 import json
 import logging
+import math
 import os
 import signal
 import threading
@@ -31,6 +32,33 @@ log = logging.getLogger(__name__)
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                     0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)  # fmt: skip
+
+
+def new_registry() -> prometheus_client.CollectorRegistry:
+    """A process's metrics registry: its own metrics plus process_* (memory, CPU, start time:
+    restarts show as a new process_start_time_seconds) and the memory limit it runs under."""
+    registry = prometheus_client.CollectorRegistry()
+    prometheus_client.ProcessCollector(registry=registry)
+    limit = prometheus_client.Gauge(
+        "apexrl_memory_limit_bytes",
+        "Memory limit of this process's cgroup (container); +Inf when unlimited.",
+        registry=registry,
+    )
+    limit.set_function(memory_limit_bytes)
+    return registry
+
+
+def memory_limit_bytes() -> float:
+    """The cgroup memory limit (v2 memory.max, else v1 memory.limit_in_bytes); inf if none."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as fh:
+                text = fh.read().strip()
+        except OSError:
+            continue
+        # v1 reports "no limit" as a huge number near 2^63.
+        return math.inf if text == "max" or int(text) >= 2**62 else float(text)
+    return math.inf
 
 
 def message_options(max_message_mb: int) -> list[tuple[str, int]]:

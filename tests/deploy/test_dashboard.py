@@ -21,7 +21,6 @@ README = REPO / "README.md"
 NAMESPACE = "apexrl"
 K8S_VERSIONS = ["1.27.0", "1.32.0"]
 # The one metric not exported by apexrl: the restarts panel needs kube-state-metrics.
-KUBE_STATE_METRICS = {"kube_pod_container_status_restarts_total"}
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 UNIT_SUFFIXES = {"seconds", "bytes", "total", "ratio"}
 PROMQL_KEYWORDS = {
@@ -189,7 +188,7 @@ def test_every_queried_metric_is_catalogued():
     for expr in dashboard.panel_queries():
         names = metric_names(expr)
         assert names, f"no metric in {expr!r}"
-        for name in names - KUBE_STATE_METRICS:
+        for name in names:
             assert catalogued_type(name, metrics), (
                 f"{name} (in {expr!r}) is not in README.md's metrics table"
             )
@@ -201,7 +200,7 @@ def test_counters_are_read_as_rates():
     metrics = catalogue()
     for expr in dashboard.panel_queries():
         for name in metric_names(expr):
-            kind = "counter" if name in KUBE_STATE_METRICS else catalogued_type(name, metrics)
+            kind = catalogued_type(name, metrics)
             rated = re.search(rf"(rate|increase)\({re.escape(name)}\b", expr)
             if kind in ("counter", "histogram"):
                 assert rated, f"{name} is a {kind}: read it through rate(): {expr}"
@@ -230,15 +229,17 @@ def test_dashboard_covers_the_issue():
         "apexrl_actor_parameter_lag",
         "grpc_server_handling_seconds_bucket",
         "grpc_server_handled_total",
-        *KUBE_STATE_METRICS,
+        "process_start_time_seconds",
     ]:
         assert name in queried, f"no panel reads {name}"
 
 
-def test_restarts_panel_says_it_needs_kube_state_metrics(board):
-    for panel in panels(board):
-        if any(m in t["expr"] for t in panel["targets"] for m in KUBE_STATE_METRICS):
-            assert "kube-state-metrics" in panel["title"], panel["title"]
+def test_restarts_come_from_the_processes_start_time(board):
+    """No kube-state-metrics needed: a restart is a change of process_start_time_seconds."""
+    restarts = [
+        t["expr"] for p in panels(board) if "restart" in p["title"].lower() for t in p["targets"]
+    ]
+    assert restarts and all("changes(process_start_time_seconds" in e for e in restarts), restarts
 
 
 # --- the ConfigMap --------------------------------------------------------------------------
