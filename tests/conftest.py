@@ -74,6 +74,40 @@ class InProcessReplay:
 
 
 @contextmanager
+def serving_in_thread(config, service, registry) -> Iterator[dict]:
+    """`serve` (the shared bootstrap) on an asyncio loop in a thread; yields the bound ports.
+
+    config.ready_file must be set: the ports are read from it.
+    """
+    ready = Path(config.ready_file)
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            loop.run_until_complete(serve(config, service, registry, stop))
+        except BaseException as err:  # surfaced by the context manager
+            errors.append(err)
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    ports = wait_for(lambda: errors or read_ready_file(ready), 20, "server thread to serve")
+    if errors:
+        raise errors[0]
+    try:
+        yield ports
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(30)
+        assert not thread.is_alive(), "server thread did not stop"
+        if errors:
+            raise errors[0]
+
+
+@contextmanager
 def in_process_replay(tmp_path: Path, **settings) -> Iterator[InProcessReplay]:
     ready = tmp_path / f"ready-{time.monotonic_ns()}.json"
     defaults = dict(
@@ -82,31 +116,8 @@ def in_process_replay(tmp_path: Path, **settings) -> Iterator[InProcessReplay]:
     config = ReplayConfig(**{**defaults, **settings, "ready_file": str(ready)})
     registry = prometheus_client.CollectorRegistry()
     service, servicer = replay_server.build(config, registry)
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            loop.run_until_complete(serve(config, service, registry, stop))
-        except BaseException as err:  # surfaced by the fixture
-            errors.append(err)
-        finally:
-            loop.close()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    ports = wait_for(lambda: errors or read_ready_file(ready), 20, "in-process replay to serve")
-    if errors:
-        raise errors[0]
-    try:
+    with serving_in_thread(config, service, registry) as ports:
         yield InProcessReplay(f"127.0.0.1:{ports['port']}", ports["metrics_port"], servicer)
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(30)
-        assert not thread.is_alive(), "replay server thread did not stop"
-        if errors:
-            raise errors[0]
 
 
 @pytest.fixture

@@ -16,11 +16,9 @@ The number of cases tried per RPC is printed at the end (`pytest -s`). The tests
 bottom reproduce the bugs this suite found on its first run (all fixed since).
 """
 
-import asyncio
 import copy
 import math
 import string
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -37,11 +35,11 @@ from hypothesis import strategies as st
 
 from apexrl.actor.epsilon import epsilon_ladder
 from apexrl.common import tensors
-from apexrl.common.serving import Service, serve
+from apexrl.common.serving import Service
 from apexrl.config import ServeConfig
 from apexrl.replay.client import insert_request
 from apexrl.v1 import learner_pb2, learner_pb2_grpc, replay_pb2, replay_pb2_grpc, tensor_pb2
-from tests.conftest import InProcessReplay, in_process_replay, read_ready_file, wait_for
+from tests.conftest import InProcessReplay, in_process_replay, serving_in_thread, wait_for
 
 CAPACITY = 64
 MAX_BATCH = 32
@@ -196,31 +194,8 @@ def serve_in_thread(tmp_path, service, registry, **settings_) -> Iterator[str]:
     )
     for key, value in settings_.items():
         setattr(config, key, value)
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            loop.run_until_complete(serve(config, service, registry, stop))
-        except BaseException as err:
-            errors.append(err)
-        finally:
-            loop.close()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    ports = wait_for(lambda: errors or read_ready_file(ready), 20, "server thread to serve")
-    if errors:
-        raise errors[0]
-    try:
+    with serving_in_thread(config, service, registry) as ports:
         yield f"127.0.0.1:{ports['port']}"
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(30)
-        assert not thread.is_alive(), "server thread did not stop"
-        if errors:
-            raise errors[0]
 
 
 @contextmanager
