@@ -349,7 +349,7 @@ def eval_main(argv: list[str]) -> int:
     agent = cfg.AgentConfig(
         **{f.name: meta["config"][f.name] for f in dataclasses.fields(cfg.AgentConfig)}
     )
-    net = make_network(agent, gym.make(agent.env))
+    net = make_network(agent)
     load_numpy_state(
         net, {k[len("online/") :]: v for k, v in arrays.items() if k.startswith("online/")}
     )

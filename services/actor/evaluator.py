@@ -65,7 +65,7 @@ def run(
         "Parameter version of the last evaluation.",
         registry=registry,
     )
-    net = make_network(config, gym.make(config.env))
+    net = make_network(config)
     learner = LearnerClient(config.learner, retry_seconds=1.0, tls=config)
     version, backoff, round_index = 0, Backoff(cap=2.0), 0
     try:

@@ -15,7 +15,6 @@ import threading
 import time
 import uuid
 
-import gymnasium as gym
 import numpy as np
 import prometheus_client
 import torch
@@ -217,7 +216,7 @@ def run(
     seed = (config.seed or int.from_bytes(uuid.uuid4().bytes[:4], "little")) + int(actor_id[:6], 16)
     rng = np.random.default_rng(seed)
     envs, obs = make_vector_env(config.env, config.num_envs, seed % 2**31)
-    net = make_network(config, gym.make(config.env))
+    net = make_network(config)
     num_actions = int(envs.single_action_space.n)
     adder = NStepAdder(config.num_envs, config.n_step, config.gamma)
     replay = ReplayClient(config.replay, timeout=30.0, retry_seconds=1.0, tls=config)

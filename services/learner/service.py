@@ -46,12 +46,14 @@ def hidden_sizes(text: str) -> tuple[int, ...]:
     return tuple(int(h) for h in text.split(",") if h.strip())
 
 
-def make_network(config, env: gym.Env) -> torch.nn.Module:
+def make_network(config) -> torch.nn.Module:
     """The Q network every role builds from the shared agent settings and the env's spaces."""
-    space = env.observation_space
-    return build_network(
-        space.shape, space.dtype, int(env.action_space.n), hidden_sizes(config.hidden)
-    )
+    env = gym.make(config.env)
+    try:
+        space, actions = env.observation_space, int(env.action_space.n)
+    finally:
+        env.close()
+    return build_network(space.shape, space.dtype, actions, hidden_sizes(config.hidden))
 
 
 class Leases:
@@ -158,10 +160,8 @@ class Learner:
         torch.set_num_threads(config.threads)
         if config.seed:
             torch.manual_seed(config.seed)
-        env = gym.make(config.env)
-        self.online = make_network(config, env).to(self.device)
-        self.target = make_network(config, env).to(self.device)
-        env.close()
+        self.online = make_network(config).to(self.device)
+        self.target = make_network(config).to(self.device)
         self.target.load_state_dict(self.online.state_dict())
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=config.learning_rate)
         self.update_step = 0
