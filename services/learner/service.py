@@ -167,6 +167,7 @@ class Learner:
         self.update_step = 0
         self.samples_consumed = 0
         self.stop = threading.Event()
+        self.helpers: list[threading.Thread] = []
         self._resume()
         if self.store.version == 0:
             self.publish()
@@ -250,6 +251,7 @@ class Learner:
             threading.Thread(target=self._prefetch, args=(replay, batches), daemon=True),
             threading.Thread(target=self._write_priorities, args=(replay, priorities), daemon=True),
         ]
+        self.helpers = threads  # joined on shutdown: none may be inside gRPC when Python exits
         for thread in threads:
             thread.start()
         waited = busy = 0.0
@@ -385,6 +387,8 @@ def build(
         learner.stop.set()
         replay.close()  # unblocks a prefetch stream the replay rate limiter holds
         await asyncio.to_thread(thread.join)
+        for helper in learner.helpers:
+            await asyncio.to_thread(helper.join, 10)
 
     async def final_checkpoint() -> None:
         learner.checkpoint()
