@@ -67,12 +67,12 @@ def run(
     )
     net = make_network(config)
     learner = LearnerClient(config.learner, retry_seconds=1.0, tls=config)
-    version, backoff, round_index = 0, Backoff(cap=2.0), 0
+    version, lineage, backoff, round_index = 0, 0, Backoff(cap=2.0), 0
     try:
         while not stop.is_set():
             started = time.monotonic()
             try:
-                params = learner.get_parameters(version)
+                params = learner.get_parameters(version, have_lineage=lineage)
             except Exception as err:  # learner away: wait and retry
                 log.info("evaluator: learner unavailable (%s)", err)
                 stop.wait(backoff.next_delay())
@@ -82,7 +82,7 @@ def run(
                 stop.wait(config.interval)
                 continue
             load_numpy_state(net, params.arrays)
-            version = params.version
+            version, lineage = params.version, params.lineage
             returns = evaluate(
                 net,
                 config.env,

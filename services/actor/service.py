@@ -148,7 +148,7 @@ class ParameterPuller:
 
     def __init__(self, learner: LearnerClient, actor_id: str, metrics: ActorMetrics):
         self.learner, self.actor_id, self.metrics = learner, actor_id, metrics
-        self.version = 0
+        self.version, self.lineage = 0, 0
         self._wanted = threading.Event()
         self._lock = threading.Lock()
         self._fresh: Parameters | None = None
@@ -170,7 +170,7 @@ class ParameterPuller:
             if not self._wanted.wait(0.5):
                 continue
             try:
-                params = self.learner.get_parameters(self.version, self.actor_id)
+                params = self.learner.get_parameters(self.version, self.actor_id, self.lineage)
             except Exception as err:  # learner away: act on the weights held, retry
                 if self._stop.is_set():
                     return
@@ -182,7 +182,7 @@ class ParameterPuller:
             self._wanted.clear()
             self.metrics.lag.set(params.version - self.version)
             if params.arrays:
-                self.version = params.version
+                self.version, self.lineage = params.version, params.lineage
             with self._lock:
                 self._fresh = params
 

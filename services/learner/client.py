@@ -12,6 +12,7 @@ from apexrl.v1 import learner_pb2, learner_pb2_grpc
 @dataclass
 class Parameters:
     version: int
+    lineage: int  # the learner process's; send it back with the version (learner.proto)
     update_step: int
     arrays: dict[str, np.ndarray]  # empty when the caller already had this version
     epsilon: float
@@ -25,13 +26,18 @@ class LearnerClient(GrpcClient):
         super().__init__(address, timeout=timeout, **options)
         self.stub = learner_pb2_grpc.LearnerStub(self.channel)
 
-    def get_parameters(self, have_version: int = 0, actor_id: str = "") -> Parameters:
-        request = learner_pb2.GetParametersRequest(have_version=have_version, actor_id=actor_id)
+    def get_parameters(
+        self, have_version: int = 0, actor_id: str = "", have_lineage: int = 0
+    ) -> Parameters:
+        request = learner_pb2.GetParametersRequest(
+            have_version=have_version, actor_id=actor_id, have_lineage=have_lineage
+        )
         response = self._retry(
             lambda: self.stub.GetParameters(request, timeout=self.timeout), "get_parameters"
         )
         return Parameters(
             version=response.version,
+            lineage=response.lineage,
             update_step=response.update_step,
             arrays={
                 name: tensors.from_proto(t, f'parameters["{name}"]')

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import os
 import queue
+import secrets
 import threading
 import time
 
@@ -78,9 +79,14 @@ class Leases:
 
 
 class ParameterStore:
-    """The newest published parameters, encoded once per version."""
+    """The newest published parameters, encoded once per version.
+
+    `lineage` is random per process: after a kill -9 the resumed learner reissues the version
+    numbers published after its last checkpoint, with other weights, under a new lineage.
+    """
 
     def __init__(self):
+        self.lineage = secrets.randbits(63) + 1
         self.version = 0
         self.update_step = 0
         self._parameters: dict[str, tensor_pb2.Tensor] = {}
@@ -96,10 +102,13 @@ class ParameterStore:
             self._parameters = encoded
             return self.version
 
-    def fill(self, response: learner_pb2.GetParametersResponse, have_version: int) -> None:
+    def fill(
+        self, response: learner_pb2.GetParametersResponse, have_version: int, have_lineage: int
+    ) -> None:
         with self._lock:
             response.version, response.update_step = self.version, self.update_step
-            if have_version != self.version:  # above: the learner resumed an older checkpoint
+            response.lineage = self.lineage
+            if (have_version, have_lineage) != (self.version, self.lineage):
                 for name, tensor in self._parameters.items():
                     response.parameters[name].CopyFrom(tensor)
 
@@ -114,7 +123,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         if self.store.version == 0:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no parameters published yet")
         response = learner_pb2.GetParametersResponse(lease_seconds=self.leases.seconds)
-        self.store.fill(response, request.have_version)
+        self.store.fill(response, request.have_version, request.have_lineage)
         if request.actor_id:
             index, count = self.leases.renew(request.actor_id, time.monotonic())
             response.actor_index, response.num_actors = index, count

@@ -8,15 +8,17 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GetParametersRequest(_message.Message):
-    __slots__ = ("have_version", "actor_id")
+    __slots__ = ("have_version", "actor_id", "have_lineage")
     HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    HAVE_LINEAGE_FIELD_NUMBER: _ClassVar[int]
     have_version: int
     actor_id: str
-    def __init__(self, have_version: _Optional[int] = ..., actor_id: _Optional[str] = ...) -> None: ...
+    have_lineage: int
+    def __init__(self, have_version: _Optional[int] = ..., actor_id: _Optional[str] = ..., have_lineage: _Optional[int] = ...) -> None: ...
 
 class GetParametersResponse(_message.Message):
-    __slots__ = ("version", "parameters", "update_step", "actor_index", "num_actors", "epsilon", "lease_seconds")
+    __slots__ = ("version", "parameters", "update_step", "actor_index", "num_actors", "epsilon", "lease_seconds", "lineage")
     class ParametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +33,7 @@ class GetParametersResponse(_message.Message):
     NUM_ACTORS_FIELD_NUMBER: _ClassVar[int]
     EPSILON_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
     version: int
     parameters: _containers.MessageMap[str, _tensor_pb2.Tensor]
     update_step: int
@@ -38,4 +41,5 @@ class GetParametersResponse(_message.Message):
     num_actors: int
     epsilon: float
     lease_seconds: float
-    def __init__(self, version: _Optional[int] = ..., parameters: _Optional[_Mapping[str, _tensor_pb2.Tensor]] = ..., update_step: _Optional[int] = ..., actor_index: _Optional[int] = ..., num_actors: _Optional[int] = ..., epsilon: _Optional[float] = ..., lease_seconds: _Optional[float] = ...) -> None: ...
+    lineage: int
+    def __init__(self, version: _Optional[int] = ..., parameters: _Optional[_Mapping[str, _tensor_pb2.Tensor]] = ..., update_step: _Optional[int] = ..., actor_index: _Optional[int] = ..., num_actors: _Optional[int] = ..., epsilon: _Optional[float] = ..., lease_seconds: _Optional[float] = ..., lineage: _Optional[int] = ...) -> None: ...

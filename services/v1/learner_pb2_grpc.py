@@ -47,7 +47,8 @@ class LearnerServicer:
     """
 
     def GetParameters(self, request, context):
-        """Newest parameters (unless the caller already has exactly that version)
+        """Newest parameters (unless the caller already has exactly that version
+        of this lineage)
         and the caller's lease. A have_version above the newest version is not an
         error: the learner restarted from a checkpoint older than what the caller
         holds (kill -9 loses what came after it), so the caller gets the

@@ -1024,19 +1024,25 @@ def test_typed_oversized_insert_and_update_are_resource_exhausted(replay):
         st.text(min_size=120, max_size=140),
         st.text(alphabet="ab", min_size=128, max_size=129),
     ),
+    have_lineage=st.one_of(st.sampled_from([0, 1, 2**64 - 1, None]), st.integers(0, 2**64 - 1)),
 )
-def test_get_parameters(learner, have_version, actor_id):
-    """Any version is fine (above the newest: the learner restarted from an older checkpoint);
-    an actor_id over 128 characters is INVALID_ARGUMENT naming it."""
-    request = learner_pb2.GetParametersRequest(have_version=have_version, actor_id=actor_id)
+def test_get_parameters(learner, have_version, actor_id, have_lineage):
+    """Any version and lineage are fine (above the newest: the learner restarted from an older
+    checkpoint); an actor_id over 128 characters is INVALID_ARGUMENT naming it."""
+    lineage = learner.store.lineage
+    have_lineage = lineage if have_lineage is None else have_lineage  # None: the current one
+    request = learner_pb2.GetParametersRequest(
+        have_version=have_version, actor_id=actor_id, have_lineage=have_lineage
+    )
     CASES["GetParameters"] += 1
     response, error = call(learner.stub.GetParameters, request)
     if len(actor_id) > 128:
         check_status(error, Expect(INVALID, ("actor_id",)))
     else:
         check_status(error, Expect(OK))
-        assert (response.version, response.update_step) == (1, 7)
-        assert (set(response.parameters) == {"w", "b"}) == (have_version != 1)
+        assert (response.version, response.update_step, response.lineage) == (1, 7, lineage)
+        current = (have_version, have_lineage) == (1, lineage)
+        assert (set(response.parameters) == {"w", "b"}) == (not current)
         assert response.lease_seconds == 30.0
         if actor_id:
             assert 0 <= response.actor_index < response.num_actors

@@ -38,7 +38,7 @@ def test_parameters_versions_and_leases(service_process):
         assert first.version >= 1 and first.arrays
         assert all(a.dtype == np.float32 for a in first.arrays.values())
         assert (first.actor_index, first.num_actors, first.epsilon) == (0, 1, pytest.approx(0.4))
-        current = client.get_parameters(first.version, "actor-b")
+        current = client.get_parameters(first.version, "actor-b", first.lineage)
         assert current.arrays == {} and current.version == first.version
         assert (current.actor_index, current.num_actors) == (1, 2)
         assert current.epsilon == pytest.approx(0.4**8)
@@ -130,8 +130,12 @@ def test_learner_killed_resumes_from_its_last_checkpoint(service_process, tmp_pa
     assert meta["version"] <= live.version
     resumed = service_process("learner", *flags, "--max-updates", str(meta["update_step"]))
     with LearnerClient(resumed.address) as client:
-        back = client.get_parameters(have_version=live.version)
+        back = client.get_parameters(have_version=live.version, have_lineage=live.lineage)
+        # Same number as the checkpoint's, but held from the killed process: sent again.
+        same_number = client.get_parameters(meta["version"], have_lineage=live.lineage)
+        current = client.get_parameters(back.version, have_lineage=back.lineage)
     assert (back.update_step, back.version) == (meta["update_step"], meta["version"])
+    assert back.lineage != live.lineage and same_number.arrays and not current.arrays
     for name, value in back.arrays.items():
         np.testing.assert_array_equal(value, arrays[f"online/{name}"])
     assert resumed.terminate() == 0 and replay.terminate() == 0

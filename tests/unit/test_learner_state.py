@@ -24,11 +24,28 @@ def test_parameter_versions_increase_and_current_callers_get_no_payload():
     assert store.publish({"w": np.ones(3, np.float32)}, update_step=0) == 1
     assert store.publish({"w": np.full(3, 2, np.float32)}, update_step=10) == 2
     fresh, current = learner_pb2.GetParametersResponse(), learner_pb2.GetParametersResponse()
-    store.fill(fresh, have_version=1)
-    store.fill(current, have_version=2)
+    store.fill(fresh, have_version=1, have_lineage=store.lineage)
+    store.fill(current, have_version=2, have_lineage=store.lineage)
     assert (fresh.version, fresh.update_step, list(fresh.parameters)) == (2, 10, ["w"])
     assert np.frombuffer(fresh.parameters["w"].data, np.float32).tolist() == [2, 2, 2]
     assert current.version == 2 and len(current.parameters) == 0
+    assert fresh.lineage == current.lineage == store.lineage > 0
+
+
+def test_a_reissued_version_of_another_lineage_is_sent():
+    """kill -9 after version 7 was served, resume from a checkpoint at version 5: the new process
+    publishes its own 6 and 7; a caller holding the lost 7 must get the new weights."""
+    lost, resumed = ParameterStore(), ParameterStore()
+    lost.publish({"w": np.ones(1, np.float32)}, update_step=70, version=7)
+    resumed.publish({"w": np.ones(1, np.float32)}, update_step=50, version=5)
+    resumed.publish({"w": np.full(1, 3, np.float32)}, update_step=60)
+    resumed.publish({"w": np.full(1, 4, np.float32)}, update_step=70)
+    assert lost.lineage != resumed.lineage
+    held, current = learner_pb2.GetParametersResponse(), learner_pb2.GetParametersResponse()
+    resumed.fill(held, have_version=7, have_lineage=lost.lineage)
+    resumed.fill(current, have_version=7, have_lineage=resumed.lineage)
+    assert held.version == 7 and np.frombuffer(held.parameters["w"].data, np.float32) == 4
+    assert current.version == 7 and len(current.parameters) == 0
 
 
 def test_resumed_version_is_kept():
