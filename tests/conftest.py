@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -33,6 +34,14 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, interva
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout} s waiting for {what}")
         time.sleep(interval)
+
+
+def metric(port: int, name: str, host: str = "127.0.0.1") -> float:
+    """Sum of a metric's samples (all label sets) from a /metrics endpoint."""
+    url = f"http://{host}:{port}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
+    return sum(values)
 
 
 def read_ready_file(path: Path) -> dict | None:

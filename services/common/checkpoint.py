@@ -339,7 +339,7 @@ def newest_readable(
         try:
             return path, read(path)
         except CorruptCheckpoint as err:
-            log.warning("skipping damaged checkpoint %s: %s", path, err)
+            log.warning("skipping damaged checkpoint %s (%s): trying the previous one", path, err)
     if found:
         log.error("no readable checkpoint among %d in %s", len(found), directory)
     return None

@@ -34,3 +34,11 @@ class NotFound(RequestError):
 
 class FailedPrecondition(RequestError):
     code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class ResourceExhausted(RequestError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Internal(RequestError):
+    code = grpc.StatusCode.INTERNAL

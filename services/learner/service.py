@@ -156,6 +156,9 @@ class LearnerMetrics:
         self.samples = counter("samples_consumed", "Transitions trained on.")
         self.priority_updates = counter("priority_updates_sent", "Priorities written to replay.")
         self.live_actors = gauge("live_actors", "Actors holding a lease.")
+        self.checkpoint_failures = counter(
+            "checkpoint_failures", "Checkpoints that failed to write (previous ones kept)."
+        )
 
 
 class Learner:
@@ -206,9 +209,14 @@ class Learner:
             "config": dataclasses.asdict(self.config),
         }
         started = time.perf_counter()
-        path, size = checkpoint.write_checkpoint(
-            self.config.checkpoint_dir, "learner", meta, arrays
-        )
+        try:
+            path, size = checkpoint.write_checkpoint(
+                self.config.checkpoint_dir, "learner", meta, arrays
+            )
+        except OSError as err:  # a full or failing disk: keep training on, keep the old files
+            self.metrics.checkpoint_failures.inc()
+            log.error("checkpoint failed, previous ones kept: %s", err)
+            return
         log.info(
             "checkpoint %s: update %d, version %d, %d bytes in %.2f s",
             path, self.update_step, self.store.version, size, time.perf_counter() - started,

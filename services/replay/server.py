@@ -7,6 +7,8 @@ sample notifies, bounded by their deadline. A checkpoint copies the arrays on th
 """
 
 import asyncio
+import contextlib
+import errno
 import logging
 import time
 
@@ -21,7 +23,7 @@ from prometheus_client.core import (
 )
 
 from apexrl.common import tensors
-from apexrl.common.errors import FailedPrecondition, NotFound
+from apexrl.common.errors import FailedPrecondition, Internal, NotFound, ResourceExhausted
 from apexrl.common.serving import Service
 from apexrl.config import ReplayConfig
 from apexrl.replay import checkpoint
@@ -267,7 +269,14 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
     async def Checkpoint(self, request, context):
         if not self.checkpoint_dir:
             raise FailedPrecondition("checkpoint_dir", "the server was started without one")
-        return await self.checkpoint()
+        try:
+            return await self.checkpoint()
+        except OSError as err:
+            full = err.errno in (errno.ENOSPC, errno.EDQUOT)
+            error = ResourceExhausted if full else Internal
+            raise error(
+                "checkpoint_dir", f"write failed, previous checkpoints kept: {err}"
+            ) from err
 
     async def checkpoint(self) -> replay_pb2.CheckpointResponse:
         """Copies every table on the loop, then writes the file in a worker thread."""
@@ -279,8 +288,9 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
                 path, size = await asyncio.to_thread(
                     checkpoint.write_checkpoint, self.checkpoint_dir, states
                 )
-            except OSError:
+            except OSError as err:  # nothing replaced: the previous checkpoints stay
                 self.metrics.checkpoint_failures.inc()
+                log.error("checkpoint failed, previous ones kept: %s", err)
                 raise
             seconds = time.perf_counter() - started
             self.metrics.checkpoint_seconds.set(seconds)
@@ -365,17 +375,13 @@ def build(
     async def periodic_checkpoints() -> None:
         while True:
             await asyncio.sleep(config.checkpoint_interval)
-            try:
+            with contextlib.suppress(OSError):  # logged and counted; the next one may work
                 await servicer.checkpoint()
-            except OSError as err:
-                log.error("periodic checkpoint failed, previous ones kept: %s", err)
 
     async def on_stop() -> None:
         if config.checkpoint_dir:
-            try:
+            with contextlib.suppress(OSError):  # logged and counted
                 await servicer.checkpoint()
-            except OSError as err:
-                log.error("final checkpoint failed, previous ones kept: %s", err)
 
     background = (
         [periodic_checkpoints] if config.checkpoint_dir and config.checkpoint_interval > 0 else []

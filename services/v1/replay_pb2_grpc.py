@@ -114,7 +114,9 @@ class ReplayServicer:
 
     def Checkpoint(self, request, context):
         """Writes a durable checkpoint of every table now and answers when it is on
-        disk. FAILED_PRECONDITION if the server has no checkpoint directory.
+        disk. FAILED_PRECONDITION if the server has no checkpoint directory;
+        RESOURCE_EXHAUSTED if the disk is full, INTERNAL if the write fails
+        otherwise: either way the previous checkpoints are kept and serving goes on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,7 +1,5 @@
 """Learner, actor and evaluator as real processes over loopback."""
 
-import urllib.request
-
 import grpc
 import numpy as np
 import pytest
@@ -9,7 +7,7 @@ import pytest
 from apexrl.common import checkpoint
 from apexrl.learner.client import LearnerClient
 from apexrl.replay.client import ReplayClient
-from tests.conftest import wait_for
+from tests.conftest import metric, wait_for
 
 
 def cartpole_transitions(n: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -22,12 +20,6 @@ def cartpole_transitions(n: int, seed: int = 0) -> dict[str, np.ndarray]:
         "discount": np.full(n, 0.99**3, np.float32),
         "next_obs": obs + rng.normal(scale=0.1, size=(n, 4)).astype(np.float32),
     }
-
-
-def metric(port: int, name: str) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
-    return sum(values)
 
 
 def test_parameters_versions_and_leases(service_process):

@@ -1,0 +1,184 @@
+"""Damaged checkpoints and full disks, with replay and learner as real processes.
+
+The newest checkpoint damaged (a flipped byte, or cut short): the service detects it by its
+checksums, says so in its log and starts from the previous one. A disk that fills up (a small
+tmpfs, needs root): the write fails, the previous checkpoint stays intact, the service goes on.
+"""
+
+import errno
+import os
+import subprocess
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from apexrl.common import checkpoint
+from apexrl.learner.client import LearnerClient
+from apexrl.replay.client import ReplayClient
+from tests.conftest import metric, transitions, wait_for
+from tests.integration.test_learner_actor import cartpole_transitions
+from tests.integration.test_replay_process import digest
+
+
+def damage(path: Path, how: str) -> None:
+    data = bytearray(path.read_bytes())
+    if how == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    else:  # one bit flipped in the middle of the array data
+        data[len(data) * 3 // 4] ^= 0x01
+        path.write_bytes(data)
+
+
+@pytest.mark.parametrize("how", ["flipped", "truncated"])
+def test_replay_starts_from_the_previous_checkpoint_when_the_newest_is_damaged(
+    replay_process, tmp_path, how
+):
+    ckpt = tmp_path / "ckpt"
+    flags = ("--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0", "--capacity", "1000")
+    proc = replay_process(*flags)
+    with ReplayClient(proc.address) as client:
+        client.insert(transitions(300))
+        client.checkpoint()
+        previous = digest(client)
+        client.insert(transitions(300, start=300))
+        client.checkpoint()
+    proc.kill()
+    (_, older), (_, newest) = checkpoint.checkpoints(ckpt, "replay")
+    damage(newest, how)
+    restarted = replay_process(*flags)
+    with ReplayClient(restarted.address) as client:
+        assert digest(client) == previous
+        assert client.info().size == 300
+    log = restarted.log()
+    assert f"skipping damaged checkpoint {newest}" in log and "trying the previous one" in log
+    assert f"restored table 'default' from {older}" in log
+    assert restarted.terminate() == 0
+
+
+@pytest.mark.parametrize("how", ["flipped", "truncated"])
+def test_learner_resumes_from_the_previous_checkpoint_when_the_newest_is_damaged(
+    service_process, tmp_path, how
+):
+    ckpt = tmp_path / "learner"
+    replay = service_process("replay", "--min-size-to-sample", "100")
+    with ReplayClient(replay.address) as client:
+        client.insert(cartpole_transitions(2000))
+    flags = ("--replay", replay.address, "--checkpoint-dir", str(ckpt),
+             "--checkpoint-interval", "0.3", "--batch-size", "32")  # fmt: skip
+    learner = service_process("learner", *flags)
+    wait_for(lambda: len(checkpoint.checkpoints(ckpt, "learner")) >= 2, 60, "two checkpoints")
+    learner.kill()
+    (_, older), (_, newest) = checkpoint.checkpoints(ckpt, "learner")
+    meta, arrays = checkpoint.read_checkpoint(older, "learner")
+    damage(newest, how)
+    resumed = service_process("learner", *flags, "--max-updates", str(meta["update_step"]))
+    log = resumed.log()
+    assert f"skipping damaged checkpoint {newest}" in log and "trying the previous one" in log
+    assert f"resumed from {older}" in log
+    with LearnerClient(resumed.address) as client:
+        params = client.get_parameters()
+    assert (params.update_step, params.version) == (meta["update_step"], meta["version"])
+    for name, value in params.arrays.items():
+        np.testing.assert_array_equal(value, arrays[f"online/{name}"])
+    assert resumed.terminate() == 0 and replay.terminate() == 0
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs, unmounted afterwards. Needs root (CI runs as root)."""
+    if os.geteuid() != 0:
+        if os.environ.get("APEXRL_REQUIRE_ROOT"):
+            pytest.fail("APEXRL_REQUIRE_ROOT is set but the tests do not run as root")
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def fill(disk: Path) -> bool:
+    """Appends to a filler file until the disk is full (space freed since is taken again)."""
+    with open(disk / "filler", "ab", buffering=0) as f:
+        try:
+            while f.write(b"\0" * 4096):
+                pass
+        except OSError as err:
+            assert err.errno == errno.ENOSPC
+    return True
+
+
+def files(directory: Path) -> set[str]:
+    return {p.name for p in directory.iterdir()}
+
+
+def test_replay_keeps_serving_and_its_checkpoint_when_the_disk_is_full(replay_process, small_disk):
+    proc = replay_process("--checkpoint-dir", str(small_disk), "--checkpoint-interval", "0",
+                          "--capacity", "2000", "--min-size-to-sample", "1")  # fmt: skip
+    with ReplayClient(proc.address, retry_seconds=0) as client:
+        client.insert(transitions(1000))
+        client.checkpoint()
+        saved = digest(client)
+        ((_, kept),) = checkpoint.checkpoints(small_disk, "replay")
+        fill(small_disk)
+        before = files(small_disk)
+        client.insert(transitions(1000, start=1000))
+        with pytest.raises(grpc.RpcError) as caught:
+            client.checkpoint()
+        assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "checkpoint_dir" in caught.value.details()
+        assert "previous checkpoints kept" in caught.value.details()
+        assert files(small_disk) == before  # no partial file left behind
+        assert checkpoint.read_checkpoint(kept, "replay")  # checksums still hold
+        assert "checkpoint failed, previous ones kept" in proc.log()
+        assert metric(proc.metrics_port, "apexrl_replay_checkpoint_failures_total") == 1
+        # Still serving: inserts and samples go on.
+        assert client.insert(transitions(10, start=2000)).first_key == 2000
+        assert len(client.sample(16).keys) == 16
+        (small_disk / "filler").unlink()  # space again: the next checkpoint works
+        client.checkpoint()
+    proc.kill()
+    restarted = replay_process("--checkpoint-dir", str(small_disk), "--capacity", "2000")
+    with ReplayClient(restarted.address) as client:
+        assert digest(client) != saved and client.info().inserts == 2010
+    assert restarted.terminate() == 0
+
+
+def test_learner_keeps_training_and_its_checkpoint_when_the_disk_is_full(
+    service_process, small_disk
+):
+    replay = service_process("replay", "--min-size-to-sample", "100")
+    with ReplayClient(replay.address) as client:
+        client.insert(cartpole_transitions(2000))
+    learner = service_process("learner", "--replay", replay.address, "--checkpoint-dir",
+                              str(small_disk), "--checkpoint-interval", "0.3",
+                              "--batch-size", "32")  # fmt: skip
+    wait_for(lambda: checkpoint.checkpoints(small_disk, "learner"), 60, "a first checkpoint")
+
+    def failures() -> float:
+        return metric(learner.metrics_port, "apexrl_learner_checkpoint_failures_total")
+
+    # Topped up while waiting: a checkpoint being written when the disk filled frees its space.
+    wait_for(lambda: fill(small_disk) and failures() >= 1, 60, "a failed checkpoint")
+    fill(small_disk)
+    with LearnerClient(learner.address) as client:
+        failed, step = failures(), client.get_parameters().update_step
+        wait_for(lambda: failures() >= failed + 2, 60, "more failed checkpoints")
+        kept = checkpoint.checkpoints(small_disk, "learner")
+        wait_for(lambda: failures() >= failed + 3, 60, "one more failed checkpoint")
+        assert client.get_parameters().update_step > step  # training goes on
+    assert learner.process.poll() is None
+    assert "checkpoint failed, previous ones kept" in learner.log()
+    assert checkpoint.checkpoints(small_disk, "learner") == kept  # nothing replaced or pruned
+    for _, path in kept:
+        checkpoint.read_checkpoint(path, "learner")  # intact: checksums hold
+    (small_disk / "filler").unlink()
+    newest = kept[-1][0]
+    wait_for(
+        lambda: checkpoint.checkpoints(small_disk, "learner")[-1][0] > newest, 30, "checkpointing"
+    )
+    assert learner.terminate() == 0 and replay.terminate() == 0
