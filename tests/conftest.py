@@ -44,6 +44,16 @@ def metric(port: int, name: str, host: str = "127.0.0.1") -> float:
     return sum(values)
 
 
+def require_root_feature(missing: str | None) -> None:
+    """Skips a test that needs root-only machinery (tmpfs mounts, network namespaces) when it is
+    `missing` here; fails it instead under APEXRL_REQUIRE_ROOT=1 (CI runs as root)."""
+    if missing is None:
+        return
+    if os.environ.get("APEXRL_REQUIRE_ROOT") == "1":
+        pytest.fail(f"APEXRL_REQUIRE_ROOT=1 but {missing}")
+    pytest.skip(missing)
+
+
 def read_ready_file(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
@@ -149,10 +159,11 @@ class ServiceProcess:
     process: subprocess.Popen
     ports: dict
     log_path: Path
+    host: str = "127.0.0.1"
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.ports['port']}"
+        return f"{self.host}:{self.ports['port']}"
 
     @property
     def metrics_port(self) -> int:
@@ -170,11 +181,16 @@ class ServiceProcess:
         self.process.wait(10)
 
 
-def start_service(tmp_path: Path, command: str, *flags: str) -> ServiceProcess:
-    """Starts `apexrl command` on loopback with free ports and waits until it serves."""
+def start_service(
+    tmp_path: Path, command: str, *flags: str, host: str = "127.0.0.1", prefix: tuple = ()
+) -> ServiceProcess:
+    """Starts `apexrl command` bound to `host` with free ports and waits until it serves.
+
+    prefix: a command that execs the service, e.g. ("ip", "netns", "exec", NAME).
+    """
     stamp = time.monotonic_ns()
     ready, log_path = tmp_path / f"ready-{stamp}.json", tmp_path / f"{command}-{stamp}.log"
-    args = [sys.executable, "-m", "apexrl.cli", command, "--host", "127.0.0.1"]
+    args = [*prefix, sys.executable, "-m", "apexrl.cli", command, "--host", host]
     args += ["--metrics-port", "0", "--ready-file", str(ready)]
     if command in ("replay", "learner") and "--port" not in flags:
         args += ["--port", "0"]
@@ -182,14 +198,20 @@ def start_service(tmp_path: Path, command: str, *flags: str) -> ServiceProcess:
         process = subprocess.Popen(
             [*args, *flags], stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy()
         )
-    ports = wait_for(
-        lambda: process.poll() is not None or read_ready_file(ready),
-        60,
-        f"{command} process to serve",
-    )
-    if process.poll() is not None:
-        pytest.fail(f"{command} exited with {process.returncode}:\n{log_path.read_text()}")
-    return ServiceProcess(process, ports, log_path)
+    try:
+        ports = wait_for(
+            lambda: process.poll() is not None or read_ready_file(ready),
+            60,
+            f"{command} process to serve",
+        )
+        if process.poll() is not None:
+            pytest.fail(f"{command} exited with {process.returncode}:\n{log_path.read_text()}")
+    except BaseException:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        raise
+    return ServiceProcess(process, ports, log_path, host)
 
 
 @pytest.fixture

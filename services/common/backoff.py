@@ -12,11 +12,18 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # Channel options so a channel whose server went away reconnects within seconds, not the
-# default minutes of gRPC's own backoff.
+# default minutes of gRPC's own backoff; and keepalive pings, so a connection that went
+# silent (a network partition drops packets, nobody resets) fails its calls with UNAVAILABLE
+# within ~7 s instead of hanging until their deadlines and TCP's retransmission backoff
+# (measured: 30 s frozen, then 25 s to recover; tests/integration/test_partition.py).
 RECONNECT_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.keepalive_time_ms", 4000),
+    ("grpc.keepalive_timeout_ms", 3000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
 ]
 
 

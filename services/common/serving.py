@@ -67,6 +67,18 @@ def message_options(max_message_mb: int) -> list[tuple[str, int]]:
     return [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
 
 
+# Servers accept the clients' keepalive pings (RECONNECT_OPTIONS: every 4 s, also when idle)
+# instead of answering them with GOAWAY too_many_pings, and ping their own clients so a
+# stream to a vanished peer is released.
+SERVER_KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.keepalive_time_ms", 10000),
+    ("grpc.keepalive_timeout_ms", 5000),
+]
+
+
 class RpcMetrics:
     """grpc_server_* counters and latency histograms by service, method, type and code."""
 
@@ -243,7 +255,7 @@ async def serve(
     """Runs until SIGTERM/SIGINT (or `stop` is set), then shuts down gracefully."""
     server = grpc.aio.server(
         interceptors=[ServiceInterceptor(RpcMetrics(registry))],
-        options=message_options(config.max_message_mb),
+        options=message_options(config.max_message_mb) + SERVER_KEEPALIVE_OPTIONS,
     )
     names = service.register(server)
     health_servicer = health.aio.HealthServicer()

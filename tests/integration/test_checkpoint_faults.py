@@ -17,7 +17,7 @@ import pytest
 from apexrl.common import checkpoint
 from apexrl.learner.client import LearnerClient
 from apexrl.replay.client import ReplayClient
-from tests.conftest import metric, transitions, wait_for
+from tests.conftest import metric, require_root_feature, transitions, wait_for
 from tests.integration.test_learner_actor import cartpole_transitions
 from tests.integration.test_replay_process import digest
 
@@ -88,10 +88,7 @@ def test_learner_resumes_from_the_previous_checkpoint_when_the_newest_is_damaged
 @pytest.fixture
 def small_disk(tmp_path):
     """A 2 MiB tmpfs, unmounted afterwards. Needs root (CI runs as root)."""
-    if os.geteuid() != 0:
-        if os.environ.get("APEXRL_REQUIRE_ROOT"):
-            pytest.fail("APEXRL_REQUIRE_ROOT is set but the tests do not run as root")
-        pytest.skip("mounting a tmpfs needs root")
+    require_root_feature(None if os.geteuid() == 0 else "mounting a tmpfs needs root")
     mount = tmp_path / "small-disk"
     mount.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)

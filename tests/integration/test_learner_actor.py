@@ -1,9 +1,13 @@
 """Learner, actor and evaluator as real processes over loopback."""
 
+import random
+import time
+
 import grpc
 import numpy as np
 import pytest
 
+from apexrl.actor.epsilon import epsilon_ladder
 from apexrl.common import checkpoint
 from apexrl.learner.client import LearnerClient
 from apexrl.replay.client import ReplayClient
@@ -131,3 +135,44 @@ def test_learner_killed_resumes_from_its_last_checkpoint(service_process, tmp_pa
     for name, value in back.arrays.items():
         np.testing.assert_array_equal(value, arrays[f"online/{name}"])
     assert resumed.terminate() == 0 and replay.terminate() == 0
+
+
+def test_random_actor_kills_leave_the_others_running_and_respread_the_ladder(service_process):
+    replay = service_process("replay", "--min-size-to-sample", "64")
+    learner = service_process("learner", "--replay", replay.address, "--lease-seconds", "2",
+                              "--batch-size", "32")  # fmt: skip
+    flags = ("--replay", replay.address, "--learner", learner.address, "--num-envs", "1",
+             "--pull-interval", "50", "--insert-batch", "16")  # fmt: skip
+    actors = [service_process("actor", *flags) for _ in range(4)]
+
+    def epsilons(group) -> list[float]:
+        return sorted(metric(a.metrics_port, "apexrl_actor_epsilon") for a in group)
+
+    def ladder(n: int):
+        return pytest.approx(sorted(epsilon_ladder(i, n) for i in range(n)))
+
+    wait_for(lambda: epsilons(actors) == ladder(4), 60, "the ladder over 4 actors")
+    seed = random.randrange(2**32)
+    doomed = random.Random(seed).sample(actors, 2)
+    survivors = [a for a in actors if a not in doomed]
+    steps = {id(a): metric(a.metrics_port, "apexrl_actor_env_steps_total") for a in survivors}
+    failures = {id(a): metric(a.metrics_port, "apexrl_actor_parameter_pull_failures_total")
+                for a in survivors}  # fmt: skip
+    killed = time.monotonic()
+    for actor in doomed:
+        actor.kill()  # SIGKILL: no goodbye, the lease just stops being renewed
+    wait_for(lambda: epsilons(survivors) == ladder(2), 30, f"re-spread (seed {seed})")
+    print(f"ladder re-spread over 2 survivors {time.monotonic() - killed:.1f} s after the kills")
+    assert metric(learner.metrics_port, "apexrl_learner_live_actors") == 2
+    with ReplayClient(replay.address) as client:
+        inserts = client.info().inserts
+        wait_for(lambda: client.info().inserts > inserts, 30, "survivors inserting")
+    for actor in survivors:
+        assert actor.process.poll() is None
+        assert metric(actor.metrics_port, "apexrl_actor_env_steps_total") > steps[id(actor)]
+        assert (
+            metric(actor.metrics_port, "apexrl_actor_parameter_pull_failures_total")
+            == (failures[id(actor)])
+        )
+    for proc in (*survivors, learner, replay):
+        assert proc.terminate() == 0
