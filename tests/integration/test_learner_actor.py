@@ -118,13 +118,25 @@ def test_learner_killed_resumes_from_its_last_checkpoint(service_process, tmp_pa
     flags = ("--replay", replay.address, "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0.5",
              "--batch-size", "32", "--publish-interval", "5")  # fmt: skip
     learner = service_process("learner", *flags)
+    actor = service_process("actor", "--replay", replay.address, "--learner", learner.address,
+                            "--num-envs", "2", "--insert-batch", "16", "--pull-interval", "50")  # fmt: skip
     wait_for(lambda: len(checkpoint.checkpoints(ckpt, "learner")) >= 2, 60, "periodic checkpoints")
+    wait_for(
+        lambda: metric(actor.metrics_port, "apexrl_actor_parameter_version") > 0, 60, "weights"
+    )
     with LearnerClient(learner.address) as client:
         live = client.get_parameters()  # what an actor holds: newer than any checkpoint
     learner.kill()  # SIGKILL: no final checkpoint
+    # Meanwhile the actor acts on the weights it holds and keeps inserting.
+    steps = metric(actor.metrics_port, "apexrl_actor_env_steps_total")
+    with ReplayClient(replay.address) as client:
+        inserts = client.info().inserts
+        wait_for(lambda: client.info().inserts > inserts + 100, 60, "inserts without a learner")
+    assert metric(actor.metrics_port, "apexrl_actor_env_steps_total") > steps
     _, meta, arrays = checkpoint.load_newest(ckpt, "learner")
     assert meta["version"] <= live.version
-    resumed = service_process("learner", *flags, "--max-updates", str(meta["update_step"]))
+    resumed = service_process("learner", *flags, "--max-updates", str(meta["update_step"]),
+                              "--port", learner.address.rsplit(":", 1)[1])  # fmt: skip
     with LearnerClient(resumed.address) as client:
         back = client.get_parameters(have_version=live.version, have_lineage=live.lineage)
         # Same number as the checkpoint's, but held from the killed process: sent again.
@@ -134,7 +146,13 @@ def test_learner_killed_resumes_from_its_last_checkpoint(service_process, tmp_pa
     assert back.lineage != live.lineage and same_number.arrays and not current.arrays
     for name, value in back.arrays.items():
         np.testing.assert_array_equal(value, arrays[f"online/{name}"])
-    assert resumed.terminate() == 0 and replay.terminate() == 0
+    # The actor reconnects on its own and takes the resumed learner's weights.
+    wait_for(
+        lambda: metric(actor.metrics_port, "apexrl_actor_parameter_version") == meta["version"],
+        60,
+        "the actor on the resumed weights",
+    )
+    assert actor.terminate() == 0 and resumed.terminate() == 0 and replay.terminate() == 0
 
 
 def test_random_actor_kills_leave_the_others_running_and_respread_the_ladder(service_process):
@@ -175,4 +193,43 @@ def test_random_actor_kills_leave_the_others_running_and_respread_the_ladder(ser
             == (failures[id(actor)])
         )
     for proc in (*survivors, learner, replay):
+        assert proc.terminate() == 0
+
+
+def test_replay_killed_mid_training_restores_its_checkpoint_and_training_goes_on(
+    service_process, tmp_path
+):
+    from apexrl.replay import checkpoint as replay_checkpoint
+
+    ckpt = tmp_path / "replay"
+    flags = ("--min-size-to-sample", "64", "--checkpoint-dir", str(ckpt),
+             "--checkpoint-interval", "1")  # fmt: skip
+    replay = service_process("replay", *flags)
+    learner = service_process("learner", "--replay", replay.address, "--batch-size", "32")
+    actor = service_process("actor", "--replay", replay.address, "--learner", learner.address,
+                            "--num-envs", "2", "--insert-batch", "16")  # fmt: skip
+    with LearnerClient(learner.address) as learner_client:
+        wait_for(lambda: learner_client.get_parameters().update_step >= 20, 90, "training")
+        wait_for(lambda: (found := replay_checkpoint.load_newest(ckpt)) and found[1][0].inserts,
+                 30, "a replay checkpoint holding transitions")  # fmt: skip
+        with ReplayClient(replay.address) as client:
+            acknowledged = client.info().inserts  # the kill comes right after: a lower bound
+        replay.kill()
+        path, (state,) = replay_checkpoint.load_newest(ckpt)
+        lost = acknowledged - state.inserts
+        print(f"replay kill -9: {lost} acknowledged transitions after its last checkpoint lost "
+              f"(checkpoint every 1 s; {acknowledged} acknowledged in all)")  # fmt: skip
+        assert 0 <= lost < acknowledged
+        step = learner_client.get_parameters().update_step
+        back = service_process("replay", *flags, "--port", replay.address.rsplit(":", 1)[1])
+        assert (
+            f"restored table 'default' from {path}: {state.size} items, {state.inserts} inserts"
+            in back.log()
+        )
+        with ReplayClient(back.address) as client:  # actors and learner reconnect on their own
+            wait_for(lambda: client.info().inserts > state.inserts, 60, "inserts after restart")
+            wait_for(lambda: learner_client.get_parameters().update_step > step + 10, 60,
+                     "training on the restored replay")  # fmt: skip
+            assert client.info().samples > state.samples
+    for proc in (actor, learner, back):
         assert proc.terminate() == 0
