@@ -176,6 +176,11 @@ class ServiceProcess:
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout)
 
+    def stop(self, timeout: float = 30) -> None:
+        """SIGTERM; fails the test, showing the log's end, unless it exits 0 in time."""
+        code = self.terminate(timeout)
+        assert code == 0, f"{self.log_path.name} exited with {code}:\n{self.log()[-3000:]}"
+
     def kill(self) -> None:
         self.process.kill()
         self.process.wait(10)

@@ -54,7 +54,7 @@ def test_replay_starts_from_the_previous_checkpoint_when_the_newest_is_damaged(
     log = restarted.log()
     assert f"skipping damaged checkpoint {newest}" in log and "trying the previous one" in log
     assert f"restored table 'default' from {older}" in log
-    assert restarted.terminate() == 0
+    restarted.stop()
 
 
 @pytest.mark.parametrize("how", ["flipped", "truncated"])
@@ -82,7 +82,8 @@ def test_learner_resumes_from_the_previous_checkpoint_when_the_newest_is_damaged
     assert (params.update_step, params.version) == (meta["update_step"], meta["version"])
     for name, value in params.arrays.items():
         np.testing.assert_array_equal(value, arrays[f"online/{name}"])
-    assert resumed.terminate() == 0 and replay.terminate() == 0
+    resumed.stop()
+    replay.stop()
 
 
 @pytest.fixture
@@ -142,7 +143,7 @@ def test_replay_keeps_serving_and_its_checkpoint_when_the_disk_is_full(replay_pr
     restarted = replay_process("--checkpoint-dir", str(small_disk), "--capacity", "2000")
     with ReplayClient(restarted.address) as client:
         assert digest(client) != saved and client.info().inserts == 2010
-    assert restarted.terminate() == 0
+    restarted.stop()
 
 
 def test_learner_keeps_training_and_its_checkpoint_when_the_disk_is_full(
@@ -178,4 +179,5 @@ def test_learner_keeps_training_and_its_checkpoint_when_the_disk_is_full(
     wait_for(
         lambda: checkpoint.checkpoints(small_disk, "learner")[-1][0] > newest, 30, "checkpointing"
     )
-    assert learner.terminate() == 0 and replay.terminate() == 0
+    learner.stop()
+    replay.stop()

