@@ -36,12 +36,20 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, interva
         time.sleep(interval)
 
 
+def metrics(port: int, host: str = "127.0.0.1") -> dict[str, float]:
+    """Every sample of a /metrics endpoint, summed over label sets, by name."""
+    text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5).read().decode()
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return values
+
+
 def metric(port: int, name: str, host: str = "127.0.0.1") -> float:
-    """Sum of a metric's samples (all label sets) from a /metrics endpoint."""
-    url = f"http://{host}:{port}/metrics"
-    text = urllib.request.urlopen(url, timeout=5).read().decode()
-    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " ")]
-    return sum(values)
+    """One metric's samples summed over label sets (0 when absent)."""
+    return metrics(port, host).get(name, 0.0)
 
 
 def require_root_feature(missing: str | None) -> None:
@@ -71,6 +79,19 @@ def transitions(n: int, start: int = 0, obs_dim: int = 4) -> dict[str, np.ndarra
         "reward": np.ones(n, np.float32),
         "discount": np.full(n, 0.99, np.float32),
         "next_obs": obs + 1,
+    }
+
+
+def cartpole_transitions(n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random CartPole-shaped 3-step transitions, for a learner to train on."""
+    rng = np.random.default_rng(seed)
+    obs = rng.normal(size=(n, 4)).astype(np.float32)
+    return {
+        "obs": obs,
+        "action": rng.integers(2, size=n),
+        "reward": np.ones(n, np.float32),
+        "discount": np.full(n, 0.99**3, np.float32),
+        "next_obs": obs + rng.normal(scale=0.1, size=(n, 4)).astype(np.float32),
     }
 
 
@@ -232,6 +253,15 @@ def service_process(tmp_path):
     for proc in started:
         if proc.process.poll() is None:
             proc.kill()
+
+
+@pytest.fixture
+def filled_replay(service_process) -> "ServiceProcess":
+    """A replay process holding 2,000 CartPole transitions, ready to sample (min size 100)."""
+    replay = service_process("replay", "--min-size-to-sample", "100")
+    with ReplayClient(replay.address) as client:
+        client.insert(cartpole_transitions(2000))
+    return replay
 
 
 @pytest.fixture

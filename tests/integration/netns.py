@@ -11,13 +11,13 @@ import os
 import shutil
 import subprocess
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
+from tests import conftest
 from tests.conftest import require_root_feature
 
 T = TypeVar("T")
@@ -164,14 +164,4 @@ def heal(ns: NetNS) -> None:
 
 def metrics(ns: NetNS, host: str, port: int) -> dict[str, float]:
     """A service's Prometheus metrics (label sets summed), fetched from inside `ns`."""
-
-    def fetch() -> str:
-        url = f"http://{host}:{port}/metrics"
-        return urllib.request.urlopen(url, timeout=5).read().decode()
-
-    values: dict[str, float] = {}
-    for line in ns.call(fetch).splitlines():
-        if line and not line.startswith("#"):
-            name = line.split("{", 1)[0].split(" ", 1)[0]
-            values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return values
+    return ns.call(lambda: conftest.metrics(port, host))

@@ -18,7 +18,6 @@ from apexrl.common import checkpoint
 from apexrl.learner.client import LearnerClient
 from apexrl.replay.client import ReplayClient
 from tests.conftest import metric, require_root_feature, transitions, wait_for
-from tests.integration.test_learner_actor import cartpole_transitions
 from tests.integration.test_replay_process import digest
 
 
@@ -59,12 +58,10 @@ def test_replay_starts_from_the_previous_checkpoint_when_the_newest_is_damaged(
 
 @pytest.mark.parametrize("how", ["flipped", "truncated"])
 def test_learner_resumes_from_the_previous_checkpoint_when_the_newest_is_damaged(
-    service_process, tmp_path, how
+    service_process, filled_replay, tmp_path, how
 ):
     ckpt = tmp_path / "learner"
-    replay = service_process("replay", "--min-size-to-sample", "100")
-    with ReplayClient(replay.address) as client:
-        client.insert(cartpole_transitions(2000))
+    replay = filled_replay
     flags = ("--replay", replay.address, "--checkpoint-dir", str(ckpt),
              "--checkpoint-interval", "0.3", "--batch-size", "32")  # fmt: skip
     learner = service_process("learner", *flags)
@@ -147,11 +144,9 @@ def test_replay_keeps_serving_and_its_checkpoint_when_the_disk_is_full(replay_pr
 
 
 def test_learner_keeps_training_and_its_checkpoint_when_the_disk_is_full(
-    service_process, small_disk
+    service_process, filled_replay, small_disk
 ):
-    replay = service_process("replay", "--min-size-to-sample", "100")
-    with ReplayClient(replay.address) as client:
-        client.insert(cartpole_transitions(2000))
+    replay = filled_replay
     learner = service_process("learner", "--replay", replay.address, "--checkpoint-dir",
                               str(small_disk), "--checkpoint-interval", "0.3",
                               "--batch-size", "32")  # fmt: skip

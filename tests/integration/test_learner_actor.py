@@ -14,18 +14,6 @@ from apexrl.replay.client import ReplayClient
 from tests.conftest import metric, wait_for
 
 
-def cartpole_transitions(n: int, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    obs = rng.normal(size=(n, 4)).astype(np.float32)
-    return {
-        "obs": obs,
-        "action": rng.integers(2, size=n),
-        "reward": np.ones(n, np.float32),
-        "discount": np.full(n, 0.99**3, np.float32),
-        "next_obs": obs + rng.normal(scale=0.1, size=(n, 4)).astype(np.float32),
-    }
-
-
 def test_parameters_versions_and_leases(service_process):
     replay = service_process("replay", "--min-size-to-sample", "1")
     learner = service_process("learner", "--replay", replay.address, "--lease-seconds", "1")
@@ -56,11 +44,11 @@ def test_parameters_versions_and_leases(service_process):
     replay.stop()
 
 
-def test_learner_trains_checkpoints_on_sigterm_and_resumes_exactly(service_process, tmp_path):
+def test_learner_trains_checkpoints_on_sigterm_and_resumes_exactly(
+    service_process, filled_replay, tmp_path
+):
     ckpt = tmp_path / "learner"
-    replay = service_process("replay", "--min-size-to-sample", "100")
-    with ReplayClient(replay.address) as client:
-        client.insert(cartpole_transitions(2000))
+    replay = filled_replay
     flags = ("--replay", replay.address, "--checkpoint-dir", str(ckpt), "--max-updates", "60",
              "--publish-interval", "10", "--batch-size", "32", "--seed", "3")  # fmt: skip
     learner = service_process("learner", *flags)
@@ -112,11 +100,9 @@ def test_actor_keeps_running_through_a_replay_outage(service_process):
         proc.stop()
 
 
-def test_learner_killed_resumes_from_its_last_checkpoint(service_process, tmp_path):
+def test_learner_killed_resumes_from_its_last_checkpoint(service_process, filled_replay, tmp_path):
     ckpt = tmp_path / "learner"
-    replay = service_process("replay", "--min-size-to-sample", "100")
-    with ReplayClient(replay.address) as client:
-        client.insert(cartpole_transitions(2000))
+    replay = filled_replay
     flags = ("--replay", replay.address, "--checkpoint-dir", str(ckpt), "--checkpoint-interval", "0.5",
              "--batch-size", "32", "--publish-interval", "5")  # fmt: skip
     learner = service_process("learner", *flags)
