@@ -155,6 +155,11 @@ class EvaluatorConfig(AgentConfig, ClientTLSConfig, ProcessConfig):
     metrics_port: int = option(9103, "Prometheus /metrics HTTP port (0 picks a free one)")
     learner: str = option("127.0.0.1:50052", "learner server address")
     episodes: int = option(10, "episodes per evaluation (played in parallel)")
+    confirm_episodes: int = option(
+        50,
+        "episodes played again, on fresh seeds, by a version whose evaluation beats the best so"
+        " far; its score is the mean over both rounds (0: no second round)",
+    )
     epsilon: float = option(0.0, "exploration during evaluation (0: greedy)")
     interval: float = option(1.0, "least seconds between evaluations (only new versions count)")
     threads: int = option(1, "torch CPU threads")
@@ -259,7 +264,16 @@ class LocalConfig(AgentConfig):
 class EvalConfig:
     """apexrl eval: plays a learner checkpoint greedily and prints the returns."""
 
-    checkpoint: str = option("", "learner checkpoint file, or a directory (its newest checkpoint)")
+    checkpoint: str = option(
+        "",
+        "checkpoint file, or a learner's checkpoint directory: its best model (the parameters"
+        " the evaluator scored highest), else its newest checkpoint",
+    )
+    latest: bool = option(False, "in a directory, play the newest checkpoint, not the best model")
     episodes: int = option(10, "episodes to play")
-    seed: int = option(1, "seed of the evaluation envs")
+    seed: int = option(
+        1_000_000,
+        "seed of the first episode (episode k: seed + k); the evaluator counts up from the run's"
+        " seed, so the default plays episodes it never saw",
+    )
     epsilon: float = option(0.0, "exploration (0: greedy)")

@@ -110,6 +110,7 @@ class Run:
         for section, defaults in SERVICE_DEFAULTS.items():
             settings[section] = {**defaults, **user_file.get(section, {})}
         settings["learner"].setdefault("checkpoint_dir", str(run_dir / "checkpoints"))
+        self.checkpoint_dir = Path(settings["learner"]["checkpoint_dir"])
         self.config_path = run_dir / "config.toml"
         self.config_path.write_text(dump_toml(settings))
 
@@ -211,7 +212,8 @@ def plot(rows: list[dict], path: Path, target: float) -> None:
 
 
 FIELDS = ["seconds", "env_steps", "env_steps_per_s", "updates", "updates_per_s", "replay_size",
-          "eval_mean_return", "eval_rounds", "parameter_version", "loss", "prefetch_wait_fraction",
+          "eval_mean_return", "eval_rounds", "eval_best_mean_return", "eval_best_version",
+          "parameter_version", "loss", "prefetch_wait_fraction",
           "transitions_dropped"]  # fmt: skip
 
 
@@ -253,6 +255,8 @@ def main(argv: list[str]) -> int:
             outcome, code = "not solved: interrupted", 130
         run.stop_all()
         _write_outputs(run_dir, rows, target)
+    if code == 0:
+        outcome += "; " + _best_model(run.checkpoint_dir)
     print(("\n" if sys.stdout.isatty() else "") + outcome, flush=True)
     return code
 
@@ -285,7 +289,7 @@ def _monitor(
                         f"eval {row['eval_mean_return']:.1f}")  # fmt: skip
                 print(("\r" + line + "   ") if tty else line, end="" if tty else "\n", flush=True)
                 last_print = row["seconds"]
-            if row["eval_rounds"] > 0 and row["eval_mean_return"] >= target:
+            if row["eval_best_mean_return"] >= target:  # NaN (no best model yet) compares False
                 return (
                     f"solved in {row['seconds']:.1f} s ({_format_count(row['env_steps'])} env steps)",
                     0,
@@ -313,6 +317,9 @@ def _collect(run: Run, seconds: float, previous: dict | None) -> dict:
         "replay_size": totals.get("apexrl_replay_size", 0.0),
         "eval_mean_return": totals.get("apexrl_evaluation_mean_return", 0.0),
         "eval_rounds": totals.get("apexrl_evaluation_rounds_total", 0.0),
+        # The best model the learner keeps: its score over both evaluation rounds.
+        "eval_best_mean_return": totals.get("apexrl_evaluation_best_mean_return", math.nan),
+        "eval_best_version": totals.get("apexrl_evaluation_best_version", 0.0),
         "parameter_version": totals.get("apexrl_learner_parameter_version", 0.0),
         "loss": totals.get("apexrl_learner_loss", math.nan),
         "prefetch_wait_fraction": totals.get("apexrl_learner_prefetch_wait_fraction", math.nan),
@@ -325,27 +332,44 @@ def _collect(run: Run, seconds: float, previous: dict | None) -> dict:
     return row
 
 
+def _best_model(checkpoint_dir: Path) -> str:
+    """What the learner kept as the best model: the parameters that earned "solved"."""
+    from apexrl.common import checkpoint
+    from apexrl.learner.best import KIND as BEST
+
+    found = checkpoint.load_newest(checkpoint_dir, BEST)
+    if found is None:
+        return f"no best model in {checkpoint_dir}"
+    path, meta, _ = found
+    return (f"best model: version {meta['version']} (update {meta['update_step']}), mean return"
+            f" {meta['mean_return']:.1f} over {meta['protocol']['episodes']} episodes, in {path}"
+            f" (play it: apexrl eval --checkpoint {checkpoint_dir})")  # fmt: skip
+
+
 def _write_outputs(run_dir: Path, rows: list[dict], target: float) -> None:
     if rows:
         plot(rows, run_dir / "learning_curve.png", target)
 
 
 def eval_main(argv: list[str]) -> int:
-    """apexrl eval --checkpoint PATH: plays a saved learner policy greedily."""
+    """apexrl eval --checkpoint PATH: plays a saved policy greedily (by default the best model)."""
     from apexrl.actor.evaluator import evaluate
     from apexrl.common import checkpoint
+    from apexrl.learner.best import KIND as BEST
     from apexrl.learner.network import load_numpy_state
     from apexrl.learner.service import make_network
 
     config = cfg.parse(cfg.EvalConfig, argv, "eval", "apexrl eval")
     path = Path(config.checkpoint)
     if path.is_dir():
-        found = checkpoint.load_newest(path, "learner")
+        kinds = ["learner"] if config.latest else [BEST, "learner"]
+        found = next(filter(None, (checkpoint.load_newest(path, k) for k in kinds)), None)
         if found is None:
-            sys.exit(f"apexrl eval: no valid learner checkpoint in {path}")
+            sys.exit(f"apexrl eval: no valid checkpoint ({' or '.join(kinds)}) in {path}")
         path, meta, arrays = found
     else:
-        meta, arrays = checkpoint.read_checkpoint(path, "learner")
+        kind = BEST if path.name.startswith(f"{BEST}-") else "learner"
+        meta, arrays = checkpoint.read_checkpoint(path, kind)
     agent = cfg.AgentConfig(
         **{f.name: meta["config"][f.name] for f in dataclasses.fields(cfg.AgentConfig)}
     )
@@ -354,7 +378,13 @@ def eval_main(argv: list[str]) -> int:
         net, {k[len("online/") :]: v for k, v in arrays.items() if k.startswith("online/")}
     )
     returns = evaluate(net, agent.env, config.episodes, config.seed, config.epsilon)
-    print(f"{path}: {agent.env}, update {meta['update_step']}, version {meta['version']}")
+    what = f"{path}: {agent.env}, version {meta['version']} (update {meta['update_step']})"
+    if "mean_return" in meta:  # a best model: say what earned it
+        p = meta["protocol"]
+        what += (f", the best model: scored {meta['mean_return']:.1f} over {p['episodes']}"
+                 f" evaluator episodes (seeds {p['first_seed']}..)")  # fmt: skip
+    print(what)
+    print(f"seeds {config.seed}..{config.seed + config.episodes - 1}, epsilon {config.epsilon:g}")
     print("returns: " + " ".join(f"{r:g}" for r in returns))
     print(
         f"mean {returns.mean():.1f}, min {returns.min():g}, max {returns.max():g} over {len(returns)} episodes"

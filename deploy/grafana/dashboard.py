@@ -173,8 +173,12 @@ def build() -> dashboard_models.Dashboard:
     builder.with_panel(
         graph(
             "Evaluation return",
-            "Mean return of the evaluator's greedy episodes on the newest parameters.",
-            [query("max(apexrl_evaluation_mean_return)", "greedy mean return")],
+            "Mean return of the evaluator's greedy episodes on the newest parameters, and the"
+            " score of the best model the learner keeps (mean over both evaluation rounds).",
+            [
+                query("max(apexrl_evaluation_mean_return)", "greedy mean return"),
+                query("max(apexrl_evaluation_best_mean_return)", "best model"),
+            ],
             span=THIRD,
         )
     )

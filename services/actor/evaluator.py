@@ -1,12 +1,19 @@
 """The evaluator: plays each new parameter version greedily and reports the mean return.
 
+A version whose evaluation beats the best score so far plays a second, longer round on fresh
+seeds (confirm_episodes); scored by the mean over both rounds, it is sent with its parameters
+to the learner, which keeps the best one as a checkpoint (learner/best.py). Every episode
+runs on a seed of its own, counting up from the evaluator's seed.
+
 Also `evaluate`, used by `apexrl eval --checkpoint` to play a saved policy.
 """
 
 import logging
+import math
 import threading
 import time
 
+import grpc
 import gymnasium as gym
 import numpy as np
 import prometheus_client
@@ -65,9 +72,30 @@ def run(
         "Parameter version of the last evaluation.",
         registry=registry,
     )
+    best_mean = prometheus_client.Gauge(
+        "apexrl_evaluation_best_mean_return",
+        "Score of the best model the learner keeps (mean over both evaluation rounds).",
+        registry=registry,
+    )
+    best_version = prometheus_client.Gauge(
+        "apexrl_evaluation_best_version", "Parameter version of the best model.", registry=registry
+    )
+    report_failures = prometheus_client.Counter(
+        "apexrl_evaluation_report_failures",
+        "Best-model candidates the learner could not keep (see the log).",
+        registry=registry,
+    )
     net = make_network(config)
     learner = LearnerClient(config.learner, retry_seconds=1.0, tls=config)
-    version, lineage, backoff, round_index = 0, 0, Backoff(cap=2.0), 0
+    version, lineage, backoff, next_seed = 0, 0, Backoff(cap=2.0), config.seed
+    best = -math.inf  # the best score the learner keeps (from its answers)
+
+    def play(episodes: int) -> np.ndarray:
+        nonlocal next_seed
+        returns = evaluate(net, config.env, episodes, next_seed, config.epsilon)
+        next_seed += episodes  # every episode on a seed of its own
+        return returns
+
     try:
         while not stop.is_set():
             started = time.monotonic()
@@ -83,14 +111,8 @@ def run(
                 continue
             load_numpy_state(net, params.arrays)
             version, lineage = params.version, params.lineage
-            returns = evaluate(
-                net,
-                config.env,
-                config.episodes,
-                config.seed + round_index * config.episodes,
-                config.epsilon,
-            )
-            round_index += 1
+            first_seed = next_seed
+            returns = play(config.episodes)
             for value in returns:
                 returns_hist.observe(value)
             mean_return.set(float(returns.mean()))
@@ -100,6 +122,27 @@ def run(
                 "evaluation of version %d (update %d): mean return %.1f over %d episodes",
                 version, params.update_step, returns.mean(), len(returns),
             )  # fmt: skip
+            if returns.mean() > best and config.confirm_episodes > 0:
+                # A candidate for the best model: ten lucky episodes are not enough to keep it.
+                returns = np.concatenate([returns, play(config.confirm_episodes)])
+                log.info(
+                    "confirmation of version %d: mean return %.1f over %d episodes",
+                    version, returns.mean(), len(returns),
+                )  # fmt: skip
+            if returns.mean() > best:
+                try:
+                    answer = learner.report_evaluation(
+                        params, returns, env=config.env, first_seed=first_seed,
+                        epsilon=config.epsilon,
+                    )  # fmt: skip
+                except grpc.RpcError as err:
+                    report_failures.inc()
+                    log.warning("best model candidate version %d not kept: %s", version, err)
+                    best = returns.mean()  # only better ones are worth a second round now
+                else:
+                    best = answer.best_mean_return
+                    best_mean.set(best)
+                    best_version.set(answer.best_version)
             stop.wait(max(0.0, config.interval - (time.monotonic() - started)))
     finally:
         learner.close()

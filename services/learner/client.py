@@ -47,3 +47,28 @@ class LearnerClient(GrpcClient):
             actor_index=response.actor_index,
             num_actors=response.num_actors,
         )
+
+    def report_evaluation(
+        self,
+        params: Parameters,
+        returns: np.ndarray,
+        *,
+        env: str,
+        first_seed: int,
+        epsilon: float,
+    ) -> learner_pb2.ReportEvaluationResponse:
+        """Reports the returns that `params` (as received, with their arrays) earned."""
+        request = learner_pb2.ReportEvaluationRequest(
+            version=params.version,
+            lineage=params.lineage,
+            update_step=params.update_step,
+            returns=[float(r) for r in returns],
+            env=env,
+            first_seed=first_seed,
+            epsilon=epsilon,
+        )
+        for name, array in params.arrays.items():
+            tensors.to_proto(array, request.parameters[name])
+        return self._retry(
+            lambda: self.stub.ReportEvaluation(request, timeout=self.timeout), "report_evaluation"
+        )

@@ -29,6 +29,7 @@ from apexrl.common import checkpoint, tensors
 from apexrl.common.errors import InvalidArgument
 from apexrl.common.serving import Service
 from apexrl.config import LearnerConfig
+from apexrl.learner.best import BestModel
 from apexrl.learner.loss import dqn_loss
 from apexrl.learner.network import build_network, load_numpy_state, state_to_numpy
 from apexrl.replay.client import ReplayClient
@@ -114,8 +115,14 @@ class ParameterStore:
 
 
 class LearnerServicer(learner_pb2_grpc.LearnerServicer):
-    def __init__(self, store: ParameterStore, leases: Leases, live_actors: prometheus_client.Gauge):
-        self.store, self.leases, self.live_actors = store, leases, live_actors
+    def __init__(
+        self,
+        store: ParameterStore,
+        leases: Leases,
+        live_actors: prometheus_client.Gauge,
+        best: BestModel,
+    ):
+        self.store, self.leases, self.live_actors, self.best = store, leases, live_actors, best
 
     async def GetParameters(self, request, context):
         if len(request.actor_id) > 128:
@@ -130,6 +137,9 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
             response.epsilon = epsilon_ladder(index, count)
             self.live_actors.set(count)
         return response
+
+    async def ReportEvaluation(self, request, context):
+        return await asyncio.to_thread(self.best.report, request)  # may write a checkpoint
 
 
 class LearnerMetrics:
@@ -377,7 +387,8 @@ def build(
     metrics = LearnerMetrics(registry)
     store, leases = ParameterStore(), Leases(config.lease_seconds)
     learner = Learner(config, metrics, store)
-    servicer = LearnerServicer(store, leases, metrics.live_actors)
+    best = BestModel(config, state_to_numpy(learner.online))
+    servicer = LearnerServicer(store, leases, metrics.live_actors, best)
     replay = ReplayClient(config.replay, timeout=30.0, retry_seconds=None, tls=config)
 
     def train() -> None:

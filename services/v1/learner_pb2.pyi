@@ -2,7 +2,7 @@ from apexrl.v1 import tensor_pb2 as _tensor_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -43,3 +43,40 @@ class GetParametersResponse(_message.Message):
     lease_seconds: float
     lineage: int
     def __init__(self, version: _Optional[int] = ..., parameters: _Optional[_Mapping[str, _tensor_pb2.Tensor]] = ..., update_step: _Optional[int] = ..., actor_index: _Optional[int] = ..., num_actors: _Optional[int] = ..., epsilon: _Optional[float] = ..., lease_seconds: _Optional[float] = ..., lineage: _Optional[int] = ...) -> None: ...
+
+class ReportEvaluationRequest(_message.Message):
+    __slots__ = ("version", "lineage", "update_step", "parameters", "returns", "env", "first_seed", "epsilon")
+    class ParametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _tensor_pb2.Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_STEP_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    RETURNS_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    FIRST_SEED_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    lineage: int
+    update_step: int
+    parameters: _containers.MessageMap[str, _tensor_pb2.Tensor]
+    returns: _containers.RepeatedScalarFieldContainer[float]
+    env: str
+    first_seed: int
+    epsilon: float
+    def __init__(self, version: _Optional[int] = ..., lineage: _Optional[int] = ..., update_step: _Optional[int] = ..., parameters: _Optional[_Mapping[str, _tensor_pb2.Tensor]] = ..., returns: _Optional[_Iterable[float]] = ..., env: _Optional[str] = ..., first_seed: _Optional[int] = ..., epsilon: _Optional[float] = ...) -> None: ...
+
+class ReportEvaluationResponse(_message.Message):
+    __slots__ = ("kept", "best_version", "best_mean_return")
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    BEST_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BEST_MEAN_RETURN_FIELD_NUMBER: _ClassVar[int]
+    kept: bool
+    best_version: int
+    best_mean_return: float
+    def __init__(self, kept: _Optional[bool] = ..., best_version: _Optional[int] = ..., best_mean_return: _Optional[float] = ...) -> None: ...

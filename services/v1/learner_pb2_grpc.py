@@ -40,6 +40,11 @@ class LearnerStub:
                 request_serializer=apexrl_dot_v1_dot_learner__pb2.GetParametersRequest.SerializeToString,
                 response_deserializer=apexrl_dot_v1_dot_learner__pb2.GetParametersResponse.FromString,
                 _registered_method=True)
+        self.ReportEvaluation = channel.unary_unary(
+                '/apexrl.v1.Learner/ReportEvaluation',
+                request_serializer=apexrl_dot_v1_dot_learner__pb2.ReportEvaluationRequest.SerializeToString,
+                response_deserializer=apexrl_dot_v1_dot_learner__pb2.ReportEvaluationResponse.FromString,
+                _registered_method=True)
 
 
 class LearnerServicer:
@@ -60,6 +65,20 @@ class LearnerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportEvaluation(self, request, context):
+        """An evaluation of the given parameters; kept as the best model when its
+        mean return beats the best kept so far (ties keep the earlier one).
+        INVALID_ARGUMENT naming the field for: no returns, a non-finite return,
+        a version of 0, parameters whose names, dtypes or shapes differ from the
+        learner's network, an env other than the learner's. FAILED_PRECONDITION
+        when the learner has no checkpoint_dir (nowhere durable to keep it);
+        RESOURCE_EXHAUSTED / INTERNAL when writing it fails (the previous best
+        stays). Nothing changes on an error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LearnerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -67,6 +86,11 @@ def add_LearnerServicer_to_server(servicer, server):
                     servicer.GetParameters,
                     request_deserializer=apexrl_dot_v1_dot_learner__pb2.GetParametersRequest.FromString,
                     response_serializer=apexrl_dot_v1_dot_learner__pb2.GetParametersResponse.SerializeToString,
+            ),
+            'ReportEvaluation': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportEvaluation,
+                    request_deserializer=apexrl_dot_v1_dot_learner__pb2.ReportEvaluationRequest.FromString,
+                    response_serializer=apexrl_dot_v1_dot_learner__pb2.ReportEvaluationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -97,6 +121,33 @@ class Learner:
             '/apexrl.v1.Learner/GetParameters',
             apexrl_dot_v1_dot_learner__pb2.GetParametersRequest.SerializeToString,
             apexrl_dot_v1_dot_learner__pb2.GetParametersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportEvaluation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apexrl.v1.Learner/ReportEvaluation',
+            apexrl_dot_v1_dot_learner__pb2.ReportEvaluationRequest.SerializeToString,
+            apexrl_dot_v1_dot_learner__pb2.ReportEvaluationResponse.FromString,
             options,
             channel_credentials,
             insecure,

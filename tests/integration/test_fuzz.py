@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -36,7 +37,7 @@ from hypothesis import strategies as st
 from apexrl.actor.epsilon import epsilon_ladder
 from apexrl.common import tensors
 from apexrl.common.serving import Service
-from apexrl.config import ServeConfig
+from apexrl.config import LearnerConfig, ServeConfig
 from apexrl.replay.client import insert_request
 from apexrl.v1 import learner_pb2, learner_pb2_grpc, replay_pb2, replay_pb2_grpc, tensor_pb2
 from tests.conftest import InProcessReplay, in_process_replay, serving_in_thread, wait_for
@@ -45,6 +46,8 @@ CAPACITY = 64
 MAX_BATCH = 32
 MAX_MESSAGE_MB = 4
 LEARNER_MAX_MESSAGE_MB = 1
+LEARNER_ARRAYS = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.float32)}
+LEARNER_ENV = "CartPole-v1"
 TABLE = "default"
 ALPHA = 0.6
 # Column name -> (dtype, item shape): the signature the module's first insert fixes.
@@ -201,15 +204,16 @@ def serve_in_thread(tmp_path, service, registry, **settings_) -> Iterator[str]:
 @contextmanager
 def learner_server(tmp_path, publish: bool) -> Iterator[tuple[str, object]]:
     """The real LearnerServicer (without a training loop) behind `serve`; yields (address, store)."""
+    from apexrl.learner.best import BestModel
     from apexrl.learner.service import LearnerServicer, Leases, ParameterStore  # imports torch
 
     store = ParameterStore()
     if publish:
-        arrays = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.float32)}
-        store.publish(arrays, update_step=7)
+        store.publish(LEARNER_ARRAYS, update_step=7)
     registry = prometheus_client.CollectorRegistry()
     gauge = prometheus_client.Gauge("live_actors", "Actors holding a lease.", registry=registry)
-    servicer = LearnerServicer(store, Leases(30.0), gauge)
+    config = LearnerConfig(checkpoint_dir=str(tmp_path / "checkpoints"), env=LEARNER_ENV)
+    servicer = LearnerServicer(store, Leases(30.0), gauge, BestModel(config, LEARNER_ARRAYS))
 
     def register(server) -> list[str]:
         learner_pb2_grpc.add_LearnerServicer_to_server(servicer, server)
@@ -227,14 +231,16 @@ class Learner:
     channel: grpc.Channel
     stub: learner_pb2_grpc.LearnerStub
     store: object
+    folder: Path
 
 
 @pytest.fixture(scope="module")
 def learner(tmp_path_factory) -> Iterator[Learner]:
-    with learner_server(tmp_path_factory.mktemp("fuzz-learner"), publish=True) as (address, store):
+    folder = tmp_path_factory.mktemp("fuzz-learner")
+    with learner_server(folder, publish=True) as (address, store):
         channel = client_channel(address)
         try:
-            yield Learner(channel, learner_pb2_grpc.LearnerStub(channel), store)
+            yield Learner(channel, learner_pb2_grpc.LearnerStub(channel), store, folder)
         finally:
             channel.close()
 
@@ -1072,6 +1078,92 @@ def test_get_parameters_before_the_first_version_is_unavailable(tmp_path):
         _, error = call(stub.GetParameters, learner_pb2.GetParametersRequest(actor_id="a"))
         check_status(error, Expect(grpc.StatusCode.UNAVAILABLE))
         assert healthy(channel, "")
+
+
+# --- Learner.ReportEvaluation ------------------------------------------------------------------
+
+
+@st.composite
+def evaluation_parameters(draw) -> tuple[dict[str, tensor_pb2.Tensor], tuple[str, ...]]:
+    """(parameters, the fields a refusal may name: () when they are valid)."""
+    valid = {name: tensors.to_proto(a) for name, a in LEARNER_ARRAYS.items()}
+    fault = draw(st.sampled_from(["none", "missing", "extra", "shape", "dtype", "bytes", "code"]))
+    name = draw(st.sampled_from(sorted(LEARNER_ARRAYS)))
+    field = f'parameters["{name}"]'
+    array = LEARNER_ARRAYS[name]
+    if fault == "missing":
+        del valid[name]
+        return valid, ("parameters",)
+    if fault == "extra":
+        valid[draw(names().filter(lambda n: n not in LEARNER_ARRAYS))] = valid[name]
+        return valid, ("parameters",)
+    if fault == "shape":
+        shape = draw(
+            st.lists(st.integers(0, 4), max_size=3).filter(lambda s: s != list(array.shape))
+        )
+        valid[name] = tensors.to_proto(np.zeros(shape, np.float32))
+    elif fault == "dtype":
+        valid[name] = tensors.to_proto(array.astype(draw(st.sampled_from(["f8", "i4", "u1", "?"]))))
+    elif fault == "bytes":
+        valid[name] = raw_tensor(valid[name].dtype, array.shape, draw(wrong_length(array.nbytes)))
+    elif fault == "code":
+        valid[name] = raw_tensor(draw(bad_dtype_codes()), array.shape, valid[name].data)
+    parts = (field, *(f"{field}.{part}" for part in ("data", "dtype", "shape")))
+    return valid, (() if fault == "none" else parts)
+
+
+@fuzz(120)
+@given(
+    version=st.one_of(st.just(0), st.integers(1, 2**64 - 1)),
+    returns=st.lists(st.floats(allow_nan=True, allow_infinity=True, width=64), max_size=12),
+    env=st.one_of(st.just(LEARNER_ENV), names()),
+    parameters=evaluation_parameters(),
+)
+def test_report_evaluation(learner, version, returns, env, parameters):
+    """A valid report is kept exactly when its mean beats the best so far; anything else is
+    INVALID_ARGUMENT naming the first bad field, and no best-model file changes."""
+    from apexrl.common import checkpoint
+    from apexrl.learner.best import read_best
+
+    parameters, bad_fields = parameters
+    request = learner_pb2.ReportEvaluationRequest(
+        version=version, lineage=3, update_step=9, returns=returns, env=env, first_seed=5
+    )
+    for name, tensor in parameters.items():
+        request.parameters[name].CopyFrom(tensor)
+    folder = learner.folder / "checkpoints"
+    before = checkpoint.checkpoints(folder, "best")
+    best_before = read_best(str(folder))
+    best_mean = best_before[0]["mean_return"] if best_before else -math.inf
+    CASES["ReportEvaluation"] += 1
+    response, error = call(learner.stub.ReportEvaluation, request)
+    if version == 0:
+        expect = ("version",)
+    elif not returns or not all(map(math.isfinite, returns)):
+        expect = ("returns",)
+    elif env != LEARNER_ENV:
+        expect = ("env",)
+    else:
+        expect = bad_fields
+    if expect:
+        check_status(error, Expect(INVALID, expect))
+        assert checkpoint.checkpoints(folder, "best") == before
+        return
+    check_status(error, Expect(OK))
+    mean = float(np.mean(returns))
+    assert response.kept == (mean > best_mean)
+    meta, arrays = read_best(str(folder))
+    if response.kept:
+        assert (meta["version"], meta["mean_return"], meta["returns"]) == (version, mean, returns)
+        for name, array in LEARNER_ARRAYS.items():
+            np.testing.assert_array_equal(arrays[f"online/{name}"], array)
+    else:
+        assert checkpoint.checkpoints(folder, "best") == before
+    assert (response.best_version, response.best_mean_return) == (
+        meta["version"],
+        meta["mean_return"],
+    )
+    assert healthy(learner.channel, "apexrl.v1.Learner")
 
 
 # --- bugs the first run of this suite found (fixed): minimal reproductions ---------------------
