@@ -10,11 +10,19 @@ channel), each with its own apexrl.replay.client.ReplayClient (retry_seconds=0, 
 UNAVAILABLE is an error here, not a silent retry):
 
 - writers: ReplayClient.insert of CartPole-shaped batches (obs f32[4], action i64, reward f32,
-  discount f32, next_obs f32[4]) with random priorities, back to back;
+  discount f32, next_obs f32[4]) with random priorities, back to back. Each row carries its id,
+  worker << 32 | seq (seq counts the writer's rows from 0), in its int64 action column, and
+  every other column is a fixed function of that id (`transitions`);
 - samplers: ReplayClient.sample(sample_batch, beta), back to back;
 - updaters: sample(update_batch) keys, then update_priorities on the keys sampled `update_lag`
   calls earlier (a learner's prefetch lag) with random priorities. Keys evicted meanwhile come
   back as `stale`: expected, counted, never an error.
+
+Every sampled row is checked (`check_rows`, outside the timed call): its id names a writer,
+its seq is below the rows that writer had sent before the sample returned (each writer
+publishes that count in shared memory before its insert), and its other columns equal the
+function of its id. A row that no writer inserted (lost, mixed with another row, corrupted,
+invented) counts as a mismatch.
 
 Every worker times each call (the whole client call: request building, the RPC, decoding) into
 a fixed log-spaced histogram (2% buckets, 10 us to 120 s: bounded memory however long the run)
@@ -25,17 +33,24 @@ The parent polls the replay process every second: VmRSS and Threads from /proc/P
 open fds from /proc/PID/fd, and the table's size and counters from Info. The table's capacity
 is small enough that it fills early; "at capacity" is the window from the first poll with
 size == capacity to the deadline: its RSS should be flat (pages of the preallocated columns
-are all touched by then, and FIFO eviction overwrites them). Threads and fds are compared to
-the first poll after a warm-up, at the last poll under load. gRPC's own thread pools grow
-on demand when a starved machine keeps all their threads busy, and shrink once idle (20 s),
-so after the workers stop the parent also waits (polling, at most settle_timeout) until the
-thread count is back to its after-warm-up value: a leaked thread never is. At the end the
-replay gets SIGTERM and must exit 0.
+are all touched by then, and FIFO eviction overwrites them). Threads (by name) and fds are
+compared to the first poll after a warm-up, at the last poll under load. One pool may grow
+under load: gRPC's EventEngine pool ("event_engine" threads) starts a thread whenever all of
+its threads are busy (at most one per second, with no upper bound: a CPU-starved machine
+looks like that), and ends a thread beyond its reserve (clamp(cores, 4, 16)) once it has
+found no work for 20 s (work_stealing_thread_pool.cc). While any client is connected its
+pings and calls keep waking pool threads, so the pool need not shrink. So after the load,
+once every client has closed its channel (workers exited, the parent's own closed), the
+parent polls /proc (at most settle_timeout) until the replay is back to the threads, by
+name, and the fds it had before its first client: the pool back to its reserve, every
+connection closed. A leaked thread, whatever its name, or a leaked fd never goes away.
+At the end the replay gets SIGTERM and must exit 0.
 
 The rate limiter is set explicitly so it never throttles: samples_per_insert 0 (no
 sample/insert ratio) and min_size_to_sample 1000 (only the first samples wait, a fraction of
 a second). The script exits 1 on any failed call or a replay that does not exit 0 on
-SIGTERM; tests/integration/test_load.py asserts the memory, thread and fd bounds as well.
+SIGTERM or any sampled row no writer inserted; tests/integration/test_load.py asserts the
+memory, thread and fd bounds as well.
 """
 
 import argparse
@@ -56,11 +71,12 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-from replay_throughput import cartpole_columns, log, server_process, stop_process
+from replay_throughput import log, server_process, stop_process
 
 from apexrl.replay.client import ReplayClient
 
 RPCS = ("Insert", "Sample", "UpdatePriorities")
+ROW_COUNTS = ("checked", "mismatches", "unknown_writer", "unsent", "wrong_columns")
 MIB = 1 << 20
 
 # Latency histogram: bucket i holds [LO * STEP^i, LO * STEP^(i+1)); below LO counts in bucket
@@ -87,15 +103,82 @@ class Settings:
     error_buffer: float = 0.0
     call_timeout: float = 30.0  # deadline of every call
     poll_interval: float = 1.0
-    # After the load, how long the replay's threads may take to come back to their
-    # after-warm-up count (gRPC reclaims an idle extra pool thread after 20 s; see settle).
-    settle_timeout: float = 45.0
+    # After the load, with no client left, how long the replay may take to come back to its
+    # threads and fds before the first client (gRPC ends an extra pool thread after 20 s
+    # without work, polling every 3 s at most; see settle).
+    settle_timeout: float = 90.0
     warmup: float = -1.0  # seconds before the thread/fd baseline; < 0: min(10, seconds / 4)
     seed: int = 1
 
     @property
     def warmup_seconds(self) -> float:
         return self.warmup if self.warmup >= 0 else min(10.0, self.seconds / 4)
+
+
+# --- rows: a writer's id in each, the rest a function of it ------------------------------
+
+COLUMNS = ("obs", "action", "reward", "discount", "next_obs")
+_OBS_SHIFTS = np.array([0, 16, 32, 48], np.uint64)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64: uint64 -> well-spread uint64 (wrapping arithmetic, vectorized)."""
+    x = x + 0x9E3779B97F4A7C15
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB
+    return x ^ (x >> 31)
+
+
+def row_ids(worker: int, first_seq: int, n: int) -> np.ndarray:
+    """Ids of a writer's rows first_seq .. first_seq + n - 1: worker << 32 | seq (int64)."""
+    return (worker << 32) | np.arange(first_seq, first_seq + n, dtype=np.int64)
+
+
+def transitions(ids: np.ndarray) -> dict[str, np.ndarray]:
+    """CartPole-shaped rows, each a fixed function of its id, which the action column carries
+    (same dtype and size as a real action). Every float is a multiple of 2^-13 or 2^-6 in a
+    small range, exact in float32, so a row read back compares bit for bit."""
+    h = _mix(ids.astype(np.uint64))
+    g = _mix(h)
+    obs = ((h[:, None] >> _OBS_SHIFTS) & 0xFFFF).astype(np.float32) / 8192 - 4
+    return {
+        "obs": obs,
+        "action": ids,
+        "reward": (g & 0xFF).astype(np.float32) / 64 - 2,
+        "discount": np.where((g >> 8) & 1, 0.99, 0.0).astype(np.float32),
+        "next_obs": obs + np.float32(0.01),
+    }
+
+
+def check_rows(columns: dict[str, np.ndarray], sent: np.ndarray) -> dict[str, int]:
+    """Counts sampled rows that no writer inserted. `sent[w]`: rows writer w had sent, read
+    after the sample returned. A row mismatches when its id names no writer ("unknown_writer"),
+    a seq that writer had not sent ("unsent"), or its other columns differ from what the id
+    gives ("wrong_columns"); "mismatches" counts rows with any of these."""
+    ids = np.asarray(columns.get("action", np.zeros(0, np.int64)))
+    n = len(ids)
+    counts = {"checked": n, "mismatches": 0, "unknown_writer": 0, "unsent": 0, "wrong_columns": 0}
+    if n == 0:
+        return counts
+    if sorted(columns) != sorted(COLUMNS) or ids.dtype != np.int64:
+        return counts | {"mismatches": n, "wrong_columns": n}
+    worker, seq = ids >> 32, ids & 0xFFFFFFFF
+    known = (worker >= 0) & (worker < len(sent))
+    unsent = known & (seq >= sent[np.where(known, worker, 0)])
+    expected = transitions(ids)
+    wrong = np.zeros(n, bool)
+    for name in COLUMNS:
+        got = np.asarray(columns[name])
+        if got.shape != expected[name].shape or got.dtype != expected[name].dtype:
+            wrong[:] = True
+            break
+        wrong |= (got != expected[name]).reshape(n, -1).any(axis=1)
+    return counts | {
+        "mismatches": int((~known | unsent | wrong).sum()),
+        "unknown_writer": int((~known).sum()),
+        "unsent": int(unsent.sum()),
+        "wrong_columns": int(wrong.sum()),
+    }
 
 
 # --- workers: each in its own spawned process ---------------------------------------------
@@ -119,6 +202,17 @@ class Recorder:
         self.messages: list[str] = []  # the first few error messages
         self.stale = 0
         self.updated = 0
+        self.rows = dict.fromkeys(ROW_COUNTS, 0)
+
+    def check(self, batch, sent) -> None:
+        """Checks a sampled batch's rows against what the writers had sent (see check_rows)."""
+        if batch is None:
+            return
+        counts = check_rows(batch.columns, np.frombuffer(sent, np.int64).copy())
+        for key, n in counts.items():
+            self.rows[key] += n
+        if counts["mismatches"] and len(self.messages) < 5:
+            self.messages.append(f"Sample: rows no writer inserted: {counts}")
 
     def call(self, rpc: str, items: int, fn, *args, **kwargs):
         """Runs fn(*args, **kwargs) timed; returns its result, or None after counting its failure."""
@@ -144,26 +238,28 @@ class Recorder:
         return result
 
 
-def _work(role: str, index: int, client: ReplayClient, settings: Settings, stop, rec: Recorder):
+def _work(role, index, client: ReplayClient, settings: Settings, stop, sent, rec: Recorder):
+    """One worker's loop. Writer `index` owns sent[index]; samplers only read `sent`."""
     rng = np.random.default_rng([settings.seed, index])
     if role == "writer":
         b = settings.insert_batch
-        pool = cartpole_columns(16 * b, seed=settings.seed * 1000 + index)
-        for i in itertools.count():
+        for seq in itertools.count(0, b):
             if stop.is_set():
                 return
-            start = (i % 16) * b
-            columns = {k: v[start : start + b] for k, v in pool.items()}
+            columns = transitions(row_ids(index, seq, b))
             priorities = rng.uniform(0.1, 2.0, b).astype(np.float32)
+            # Published before the call: once the rows can be sampled, samplers know them.
+            sent[index] = seq + b
             rec.call("Insert", b, client.insert, columns, priorities)
     elif role == "sampler":
         while not stop.is_set():
             b = settings.sample_batch
-            rec.call("Sample", b, client.sample, b, beta=settings.beta)
+            rec.check(rec.call("Sample", b, client.sample, b, beta=settings.beta), sent)
     else:  # updater
         n, pending = settings.update_batch, deque()
         while not stop.is_set():
             batch = rec.call("Sample", n, client.sample, n, beta=settings.beta)
+            rec.check(batch, sent)
             if batch is not None:
                 pending.append(batch.keys)
             if len(pending) <= settings.update_lag:
@@ -175,13 +271,13 @@ def _work(role: str, index: int, client: ReplayClient, settings: Settings, stop,
                 rec.stale += response.stale
 
 
-def _worker(role, index, address, settings, barrier, stop, results) -> None:
+def _worker(role, index, address, settings, barrier, stop, sent, results) -> None:
     rec, failure = Recorder(), None
     try:
         with ReplayClient(address, timeout=settings.call_timeout, retry_seconds=0) as client:
             grpc.channel_ready_future(client.channel).result(timeout=120)
             barrier.wait(timeout=300)
-            _work(role, index, client, settings, stop, rec)
+            _work(role, index, client, settings, stop, sent, rec)
     except BaseException as err:  # reported to the parent, which fails the run
         failure = f"{role} {index}: {err!r}"
         barrier.abort()
@@ -193,6 +289,7 @@ def _worker(role, index, address, settings, barrier, stop, results) -> None:
                 "messages": rec.messages,
                 "stale": rec.stale,
                 "updated": rec.updated,
+                "rows": rec.rows,
                 "failure": failure,
             }
         )
@@ -230,23 +327,30 @@ def thread_names(pid: int) -> dict[str, int]:
     return dict(sorted(names.items()))
 
 
-def settle(pid: int, threads: int, timeout: float, every: float) -> dict:
-    """After the load: polls until the replay has at most `threads` threads (or `timeout`).
+def settle(pid: int, idle: dict, timeout: float, every: float) -> dict:
+    """With no client left: polls until the replay has no more threads, name by name, and
+    no more fds than `idle` (its figures before the first client), or until `timeout`.
 
     gRPC's EventEngine pool ("event_engine" threads) starts a thread when all of its
-    threads are busy (a CPU-starved machine looks like that) and ends one that has been
-    idle for 20 s (kIdleThreadLimit in work_stealing_thread_pool.cc): demand, not a leak.
-    A leaked thread never goes away; a pool thread does, once the load has stopped.
+    threads are busy and ends one beyond its reserve after 20 s without work
+    (kIdleThreadLimit in work_stealing_thread_pool.cc): demand, not a leak. Only with no
+    connection left does no ping or call wake its threads, so only then must it shrink.
+    A leaked thread (whatever its name) or fd never goes away.
     """
     started = time.monotonic()
     while True:
         stats = proc_stats(pid)
         waited = time.monotonic() - started
-        if stats["threads"] <= threads or waited >= timeout:
+        names = stats["thread_names"]
+        back = stats["fds"] <= idle["fds"] and all(
+            n <= idle["thread_names"].get(name, 0) for name, n in names.items()
+        )
+        if back or waited >= timeout:
             return {
                 "threads": stats["threads"],
-                "thread_names": stats["thread_names"],
+                "thread_names": names,
                 "fds": stats["fds"],
+                "back_to_idle": back,
                 "waited_s": round(waited, 1),
             }
         time.sleep(every)
@@ -335,6 +439,10 @@ def resources(polls: list[dict], capacity: int, warmup: float) -> dict:
         }
     out["threads"] |= {
         "names_after_warmup": warm[0]["thread_names"],
+        "names_max": {
+            name: max(p["thread_names"].get(name, 0) for p in polls)
+            for name in sorted({name for p in polls for name in p["thread_names"]})
+        },
         "names_end": polls[-1]["thread_names"],
     }
     return out
@@ -381,19 +489,25 @@ def run_load(seconds: float = 60.0, **overrides) -> dict:
     roles = ["writer"] * s.writers + ["sampler"] * s.samplers + ["updater"] * s.updaters
     ctx = mp.get_context("spawn")
     barrier, stop, results = ctx.Barrier(len(roles) + 1), ctx.Event(), ctx.Queue()
+    # Rows each writer has sent: its own slot, written by it alone (no lock: an aligned
+    # int64 store), read by the samplers after each sample.
+    sent = ctx.RawArray("q", s.writers)
     with tempfile.TemporaryDirectory(prefix="replay-load-") as tmp, ExitStack() as stack:
         server = stack.enter_context(server_process("replay", replay_command(s), Path(tmp)))
         pid = server.process.pid
         procs = [
             ctx.Process(
                 target=_worker,
-                args=(role, i, server.address, s, barrier, stop, results),
+                args=(role, i, server.address, s, barrier, stop, sent, results),
                 name=f"load-{role}-{i}",
             )
             for i, role in enumerate(roles)
         ]
         stack.callback(_reap, procs)
-        stack.callback(stop.set)  # runs first on the way out: workers leave their loops
+        # Run first on the way out: workers leave their loops, or their wait at the barrier.
+        stack.callback(barrier.abort)
+        stack.callback(stop.set)
+        idle = proc_stats(pid)  # before any client exists
         log(f"starting {len(procs)} worker processes against replay pid {pid}")
         for p in procs:
             p.start()
@@ -402,8 +516,10 @@ def run_load(seconds: float = 60.0, **overrides) -> dict:
         client = stack.enter_context(
             ReplayClient(server.address, timeout=s.call_timeout, retry_seconds=0)
         )
-        idle = proc_stats(pid)  # before any client has connected
-        client.info()  # the parent's own connection is open before the first poll
+        # The parent's own connection is open before the first poll. Waiting for it, as the
+        # workers do, rides out a starved machine (a handshake past gRPC's connect timeout).
+        grpc.channel_ready_future(client.channel).result(timeout=120)
+        client.info()
         try:
             barrier.wait(timeout=600)
         except threading.BrokenBarrierError:
@@ -419,14 +535,15 @@ def run_load(seconds: float = 60.0, **overrides) -> dict:
         outcomes = [results.get(timeout=s.call_timeout + 120) for _ in procs]
         stopped = time.monotonic() - t0
         usage = resources(polls, s.capacity, s.warmup_seconds)
-        after_load = settle(pid, usage["threads"]["after_warmup"], s.settle_timeout, 1.0)
         final = client.info()
+        client.close()  # the last client: the workers' channels closed as they exited
+        after_load = settle(pid, idle, s.settle_timeout, 1.0)
         alive = server.process.poll() is None
-        client.close()
         exit_code = stop_process(server.process)
         replay_log = server.log_path.read_text()
     failures = [o["failure"] for o in outcomes if o["failure"]]
     rpcs = merge(outcomes, elapsed)
+    rows = {key: sum(o["rows"][key] for o in outcomes) for key in ROW_COUNTS}
     report = {
         "settings": asdict(s) | {"warmup_seconds": s.warmup_seconds},
         "load_seconds": round(elapsed, 2),
@@ -438,6 +555,8 @@ def run_load(seconds: float = 60.0, **overrides) -> dict:
         "stale_priority_updates": sum(o["stale"] for o in outcomes),
         "updated_priorities": sum(o["updated"] for o in outcomes),
         "min_calls_per_worker": min_calls_per_worker(outcomes),
+        "rows_sent": sum(sent),
+        "sampled_rows": rows,
         "server_counts_match": counts_match(rpcs, final),
         "server": {
             "size": final.size,
@@ -469,12 +588,15 @@ def _failures(results, n: int) -> list[str]:
     return out
 
 
-def _reap(procs: list) -> None:
+def _reap(procs: list, timeout: float = 30.0) -> None:
+    """Joins the workers within one shared `timeout`, then terminates the rest (a worker
+    whose result nobody read stays blocked flushing it to the queue)."""
+    deadline = time.monotonic() + timeout
     for p in procs:
-        if p.pid is None:
-            continue
-        p.join(timeout=30)
-        if p.is_alive():
+        if p.pid is not None:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.pid is not None and p.is_alive():
             p.terminate()
             p.join()
 
@@ -497,13 +619,17 @@ def format_report(r: dict) -> str:
             f"{x['max_ms']:>9.1f}{x['calls_per_s']:>9.1f}{x['items_per_s']:>11.0f}"
             + (f"  {x['error_codes']}" if x["errors"] else "")
         )
-    m, sv = r["memory"], r["server"]
+    m, sv, rows = r["memory"], r["server"], r["sampled_rows"]
     lines += [
         "",
         f"fewest calls by one worker: {r['min_calls_per_worker']}",
         f"server: size {sv['size']}, inserts {sv['inserts']}, samples {sv['samples']},"
         f" priority updates {sv['priority_updates']} (+{sv['stale_priority_updates']} stale);"
         f" equal to the workers' counts: {r['server_counts_match']}",
+        f"sampled rows checked: {rows['checked']} (every sampled row; {r['rows_sent']} rows"
+        f" sent), not inserted by any writer: {rows['mismatches']} (unknown writer"
+        f" {rows['unknown_writer']}, seq not yet sent {rows['unsent']}, wrong columns"
+        f" {rows['wrong_columns']})",
         f"memory: idle RSS {r['idle']['rss'] / MIB:.1f} MiB, capacity reached at"
         f" {m['capacity_reached_s']} s",
     ]
@@ -521,12 +647,13 @@ def format_report(r: dict) -> str:
             f" ({r['settings']['warmup_seconds']:g} s) {x['after_warmup']}, end {x['end']},"
             f" max {x['max']}"
         )
-    a = r["after_load"]
-    lines.append(
-        f"after the load: threads {a['threads']} (waited {a['waited_s']} s), fds {a['fds']};"
-        f" threads by name after warm-up {r['threads']['names_after_warmup']},"
-        f" at the end {r['threads']['names_end']}, after the load {a['thread_names']}"
-    )
+    a, t = r["after_load"], r["threads"]
+    lines += [
+        f"threads by name: idle {r['idle']['thread_names']}, after warm-up"
+        f" {t['names_after_warmup']}, max {t['names_max']}, end {t['names_end']}",
+        f"after the load, no client left: threads {a['threads']} {a['thread_names']}, fds"
+        f" {a['fds']}; back to idle: {a['back_to_idle']} (waited {a['waited_s']} s)",
+    ]
     lines.append(
         f"replay: alive at end {r['replay_alive_at_end']}, exit code on SIGTERM"
         f" {r['replay_exit_code']}, log problems {len(r['replay_log_problems'])}"
@@ -555,7 +682,8 @@ def main() -> None:
     print(format_report(report), flush=True)
     if args.json:
         print(json.dumps(report), flush=True)
-    sys.exit(0 if report["errors"] == 0 and report["replay_exit_code"] == 0 else 1)
+    ok = report["errors"] == 0 and report["sampled_rows"]["mismatches"] == 0
+    sys.exit(0 if ok and report["replay_exit_code"] == 0 else 1)
 
 
 if __name__ == "__main__":
