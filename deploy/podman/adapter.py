@@ -13,12 +13,15 @@ for the Service's cluster DNS name). It changes only what podman cannot do or do
 - containerPorts: podman 4 publishes every containerPort on the host, so replicas collide;
   they are removed (pods are reached on their own IPs in the podman network). Probes go
   too: podman never runs readiness/startup probes, has no gRPC probe, and resolves a named
-  probe port through the containerPorts just removed.
+  probe port through the containerPorts just removed. tests/e2e/test_kubernetes.py sends
+  each probe's request to the pod itself instead (gRPC health Check, HTTP GET); nothing
+  restarts a pod or holds its traffic back on a failing probe.
 - emptyDir: podman 4.3 makes an emptyDir a volume named after it, shared by every pod that
   names it the same (and it ignores `medium: Memory`), so every /tmp would be one; each is
   renamed <deployment>-<name>, which keeps Deployments apart (replicas of one still share it).
 - Extended resources (`nvidia.com/gpu`) and tolerations: no device plugin, no scheduler.
-- `replicas` can be overridden (`--replicas actor=3`) to scale a Deployment.
+- `replicas` can be overridden (`--replicas actor=3`) to scale a Deployment; the test runs
+  1 actor, then 3, where the manifest has 4 (this kind of machine has 2 cores).
 
 Everything else (image, args, env, ConfigMap volume, PVCs as podman volumes, emptyDirs,
 user, read-only root filesystem, dropped capabilities, resource limits) is played as written.

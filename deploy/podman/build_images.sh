@@ -12,9 +12,17 @@
 #    and tagged <version>-cpu, the tag deploy/kustomize/overlays/cpu-only runs.
 # torch comes from the wheel folder pip is configured with (find-links), bind-mounted into
 # the build; everything else from PyPI, verified with the host's CA bundle.
+# 3. An image this script built from the same inputs (itself, the Dockerfile, pyproject.toml,
+#    README.md, services/ without __pycache__, the base image, the wheel folder's listing)
+#    and still tagged is kept: podman's layer cache would reuse every layer too, but takes
+#    ~15 s an image to find that out (it hashes the 1.3 GB /opt/venv of COPY --from). PyPI
+#    is not asked again either way. The record is $cache/<target>.built ("inputs image-id"):
+#    not an image label, since a build whose steps all hit the cache keeps the old labels.
+#    APEXRL_REBUILD=1 builds regardless.
 #
 # Environment: APEXRL_PODMAN_CACHE (default /var/cache/apexrl-podman), APEXRL_TARGETS
-# (default "replay actor evaluator learner"), BASE_IMAGE (default localhost/debian:bookworm).
+# (default "replay actor evaluator learner"), BASE_IMAGE (default localhost/debian:bookworm),
+# APEXRL_WHEELS (the wheel folder), APEXRL_REBUILD=1 (build even when up to date).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -59,6 +67,14 @@ common=(
   -v "$ca:/etc/apexrl-build/ca.crt:ro"
   --layers
 )
+inputs=$(
+  {
+    cat deploy/podman/build_images.sh deploy/Dockerfile pyproject.toml README.md
+    find services -type f -not -path '*/__pycache__/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+    podman image inspect "$base" --format '{{.Id}}'
+    ls -l "$wheels"
+  } | sha256sum | cut -c1-32
+)
 total0=$(now)
 for target in $targets; do
   tag="apexrl/$target:$version"
@@ -67,11 +83,20 @@ for target in $targets; do
     tag="apexrl/learner:$version-cpu"
     extra=(--build-arg TORCH_VARIANT=cpu)
   fi
+  record="$cache/$target.built"
+  id=$(podman image inspect "$tag" --format '{{.Id}}' 2>/dev/null || true)
+  if [ -n "$id" ] && [ "$(cat "$record" 2>/dev/null)" = "$inputs $id" ] \
+      && [ "${APEXRL_REBUILD:-0}" != 1 ]; then
+    echo "image $tag: up to date (build inputs $inputs)"
+    continue
+  fi
   t0=$(now)
   log="$cache/build-$target.log"
   mkdir -p "$cache"
+  rm -f "$record"
   podman build "${common[@]}" "${extra[@]}" --target "$target" -t "$tag" . >"$log" 2>&1 \
     || { tail -n 40 "$log" >&2; echo "podman build --target $target failed: $log" >&2; exit 1; }
+  echo "$inputs $(podman image inspect "$tag" --format '{{.Id}}')" >"$record"
   size=$(podman image inspect "$tag" --format '{{.Size}}' | awk '{ printf "%.0f MB", $1 / 1e6 }')
   echo "image $tag: $(took "$t0") ($size)"
 done

@@ -2,16 +2,37 @@
 deploy/Dockerfile with podman, the cpu-only overlay's manifests run with `podman kube play`
 (through the test-only deploy/podman/adapter.py), a real Prometheus scraping every pod.
 
+What it checks, in file order on one deployment (module fixture): every probe the manifests
+declare passes when run by hand against its pod; Prometheus scrapes every pod; it trains
+(every actor acts with parameters newer than the first and at most a bounded number of
+versions behind, the replay grows, the learner's update count advances); scaled from 1 to 3
+actors, all 3 step and the epsilon ladder is re-spread over 3; every alert expression and
+dashboard query has data; every pod stops with exit code 0 and nothing is left.
+
+What podman does not run, so this test does NOT show it works (see the adapter's docstring):
+- Probes: the adapter removes every startup, readiness and liveness probe (podman never runs
+  readiness or startup probes, has no gRPC probe, and named probe ports resolve through the
+  containerPorts it also removes). The test sends each probe's request itself, once the pod
+  runs, and requires a pass within the probe's failureThreshold x periodSeconds; nothing
+  restarts a pod on a failing liveness probe or holds traffic back on a failing readiness probe.
+- Services: not created. Each Service's name is a network alias of its pods (round-robin DNS
+  in the podman network): no ClusterIP, no port mapping, no targetPort by name.
+- NetworkPolicies (also ServiceAccounts, the Namespace): not created, so not enforced; every
+  pod reaches every other pod and the host.
+- Replicas: the manifest runs 4 actors; the test runs 1, then 3 (2 shared cores), so the ladder
+  over 4 is not run here. No scheduler: requests place nothing (limits are enforced).
+
 Needs root, podman (configured as ../shared/TESTING.md says), debootstrap, prometheus and
-promtool, kubectl: skipped when one is missing. The tests run in file order and share one
-deployment (module fixture); the last one tears it down and checks nothing is left.
-APEXRL_E2E_TRAIN_SECONDS (default 120) sets how long it trains before the first checks.
+promtool, kubectl: skipped when one is missing (CI sets APEXRL_REQUIRE_PODMAN=1: a failure).
 """
 
 from __future__ import annotations
 
+import collections
+import functools
 import importlib.util
 import json
+import math
 import os
 import re
 import shutil
@@ -19,15 +40,18 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import pytest
 import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.conftest import wait_for
+from tests.conftest import metrics, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +59,19 @@ ROOT = Path(__file__).resolve().parents[2]
 NETWORK = "apexrl-e2e"
 OVERLAY = ROOT / "deploy/kustomize/overlays/cpu-only"
 ORDER = ["replay", "learner", "evaluator", "actor"]  # servers first, like a rollout
-TRAIN_SECONDS = float(os.environ.get("APEXRL_E2E_TRAIN_SECONDS", "120"))
+PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
+# An actor asks for parameters every pull_interval env steps and the learner publishes every
+# publish_interval updates, so an actor's parameter lag (versions published between its last
+# two pulls) is about updates_per_env_step * pull_interval / publish_interval, plus one
+# published during the pull. The CPU learner here makes 0.0003 to 0.013 updates per env step
+# of one actor (the trains test prints it); the bound allows 0.1: 5 versions with the
+# manifests' pull_interval 400 and publish_interval 10. (A new actor's first pull reports
+# the learner's whole version as lag; its next pull, 400 env steps later, the real one.)
+UPDATES_PER_ENV_STEP_LIMIT = 0.1
+# eps_i = 0.4 ** (1 + 7 i / (N - 1)) (Ape-X), over N = 3 actors.
+LADDER_OF_3 = {0: 0.4, 1: 0.4**4.5, 2: 0.4**8}
+# The window of each printed env steps/s figure (a figure, not a check: 2 shared cores).
+FIGURE_SECONDS = 15.0
 MISSING = [
     t for t in ("podman", "debootstrap", "prometheus", "promtool", "kubectl") if not shutil.which(t)
 ]
@@ -69,18 +105,56 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def probe_passes(ip: str, container: dict, probe: dict) -> bool:
+    """One try of a probe, as the kubelet sends it to the pod (timeoutSeconds, default 1 s)."""
+    timeout = probe.get("timeoutSeconds", 1)
+    if "grpc" in probe:  # the standard health protocol; service "" is the whole server
+        request = health_pb2.HealthCheckRequest(service=probe["grpc"].get("service", ""))
+        with grpc.insecure_channel(f"{ip}:{probe['grpc']['port']}") as channel:
+            try:
+                reply = health_pb2_grpc.HealthStub(channel).Check(request, timeout=timeout)
+            except grpc.RpcError:
+                return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+    if "httpGet" in probe:
+        get, port = probe["httpGet"], probe["httpGet"]["port"]
+        if isinstance(port, str):  # named: the manifest's containerPorts (the adapter drops them)
+            port = next(p["containerPort"] for p in container["ports"] if p.get("name") == port)
+        url = f"{get.get('scheme', 'HTTP').lower()}://{ip}:{port}{get.get('path', '/')}"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                return 200 <= response.status < 400
+        except OSError:  # refused, timed out, or an HTTP error status
+            return False
+    raise AssertionError(f"no way to run this probe here: {probe}")
+
+
 @dataclass
 class Deployment:
     work: Path
     docs: list[dict]
     volumes_before: set[str]
+    replicas: dict = field(default_factory=dict)  # deployment -> pods played
     files: dict = field(default_factory=dict)  # deployment -> {"file", "aliases"}
     containers: set[str] = field(default_factory=set)  # every container id ever seen
     prometheus: subprocess.Popen | None = None
     prom_url: str = ""
     timings: dict = field(default_factory=dict)
+    marks: dict = field(default_factory=dict)  # name -> an env_steps() reading
     exit_codes: dict = field(default_factory=dict)
     down: bool = False
+
+    @property
+    def templates(self) -> dict[str, dict]:
+        """Deployment name -> its pod template, as rendered (probes and ports included)."""
+        return {d["metadata"]["name"]: d["spec"]["template"] for d in self.docs
+                if d["kind"] == "Deployment"}  # fmt: skip
+
+    @property
+    def settings(self) -> dict:
+        """The apexrl.toml every pod reads, from the rendered ConfigMap."""
+        config = next(d for d in self.docs if d["kind"] == "ConfigMap")
+        return tomllib.loads(config["data"]["apexrl.toml"])
 
     # --- podman ---------------------------------------------------------------------------
     def play(self, name: str, replicas: int | None = None, replace: bool = False) -> None:
@@ -88,14 +162,15 @@ class Deployment:
         (podman 4.3's `kube play --replace` fails on a Deployment: "pod already exists")."""
         if replace:
             sh("podman", "kube", "down", self.files[name]["file"])
-        counts = {"actor": 1, **({name: replicas} if replicas else {})}
-        self.files = adapter.write(self.work / "play", self.docs, counts)
+        if replicas:
+            self.replicas[name] = replicas
+        self.files = adapter.write(self.work / "play", self.docs, self.replicas)
         info = self.files[name]
         network = NETWORK + "".join(f":alias={a}" for a in info["aliases"])
         sh("podman", "kube", "play", "--network", network, info["file"])
 
     def pods(self) -> list[dict]:
-        """Our running pods' app containers: name, pod, deployment, ip, id."""
+        """Our pods' app containers: name, pod, deployment, ip, id, state."""
         out = []
         for c in json.loads(sh("podman", "ps", "-a", "--pod", "--format", "json") or "[]"):
             pod = c.get("PodName") or ""
@@ -110,24 +185,62 @@ class Deployment:
                             state=c["State"]))  # fmt: skip
         return out
 
+    def running(self, deployment: str | None = None) -> list[dict]:
+        return [p for p in self.pods() if p["state"] == "running" and p["ip"]
+                and deployment in (None, p["deployment"])]  # fmt: skip
+
     def logs(self) -> str:
         return "\n".join(
             f"--- {p['name']} ({p['state']})\n" + logs(p["name"], 30) for p in self.pods()
         )
 
+    def metrics_port(self, pod: dict) -> int:
+        return int(
+            self.templates[pod["deployment"]]["metadata"]["annotations"]["prometheus.io/port"]
+        )
+
+    def metrics(self, pod: dict) -> dict[str, float]:
+        """The pod's own /metrics, read directly (not through Prometheus)."""
+        return metrics(self.metrics_port(pod), host=pod["ip"])
+
+    def check_probes(self, pods: list[dict]) -> dict[str, list[str]]:
+        """Runs every probe the manifests give each pod's container, against the pod; each must
+        pass before the kubelet would act on it (failureThreshold x periodSeconds).
+        Returns pod -> the probes that passed."""
+        passed: dict[str, list[str]] = {}
+        for p in pods:
+            for container in self.templates[p["deployment"]]["spec"]["containers"]:
+                if p["name"] != f"{p['pod']}-{container['name']}":
+                    continue
+                for kind in PROBES:
+                    if probe := container.get(kind):
+                        budget = probe.get("failureThreshold", 3) * probe.get("periodSeconds", 10)
+                        how = "grpc" if "grpc" in probe else "httpGet"
+                        wait_for(functools.partial(probe_passes, p["ip"], container, probe), budget,
+                                 f"{p['name']}'s {kind} ({how} {probe[how]}) to pass",
+                                 interval=1)  # fmt: skip
+                        passed.setdefault(p["pod"], []).append(f"{kind} {how}")
+        return passed
+
+    def env_steps(self) -> tuple[float, float]:
+        """(now, env steps of every running actor), from the actors' own counters."""
+        total = sum(self.metrics(p)["apexrl_actor_env_steps_total"] for p in self.running("actor"))
+        return time.monotonic(), total
+
+    def env_steps_per_second(self, since: tuple[float, float] | None) -> tuple[float, float]:
+        """(env steps/s of every running actor since `since`, an env_steps() reading, and the
+        window's seconds), the window made up to FIGURE_SECONDS: a figure, not a check."""
+        since = since or self.env_steps()
+        time.sleep(max(0.0, FIGURE_SECONDS - (time.monotonic() - since[0])))  # the window
+        now, steps = self.env_steps()
+        return (steps - since[1]) / (now - since[0]), now - since[0]
+
     # --- Prometheus -------------------------------------------------------------------------
     def write_targets(self) -> int:
         """file_sd targets as the prometheus.io/* annotations describe each running pod."""
-        templates = {
-            d["metadata"]["name"]: d["spec"]["template"]
-            for d in self.docs
-            if d["kind"] == "Deployment"
-        }
         groups = []
-        for p in self.pods():
-            if p["state"] != "running" or not p["ip"]:
-                continue
-            notes = templates[p["deployment"]]["metadata"]["annotations"]
+        for p in self.running():
+            notes = self.templates[p["deployment"]]["metadata"]["annotations"]
             assert notes["prometheus.io/scrape"] == "true"
             groups.append({
                 "targets": [f"{p['ip']}:{notes['prometheus.io/port']}"],
@@ -138,6 +251,26 @@ class Deployment:
         tmp.write_text(json.dumps(groups))
         tmp.replace(self.work / "targets.json")
         return len(groups)
+
+    def scrapes_every_pod(self) -> bool:
+        """Every pod played runs and Prometheus scrapes it: up == 1 for its address, holding the
+        process start time the pod itself reports (not a replaced pod's from the same address)."""
+        self.write_targets()
+        pods = self.running()
+        if collections.Counter(p["deployment"] for p in pods) != self.replicas:
+            return False
+        up = {r["metric"]["instance"]: r["value"][1] for r in self.query("up")}
+        started = {r["metric"]["instance"]: float(r["value"][1])
+                   for r in self.query("process_start_time_seconds")}  # fmt: skip
+        for p in pods:
+            instance = f"{p['ip']}:{self.metrics_port(p)}"
+            try:
+                own = self.metrics(p)["process_start_time_seconds"]
+            except OSError:  # not serving /metrics yet
+                return False
+            if up.get(instance) != "1" or not math.isclose(started.get(instance, 0), own):
+                return False
+        return True
 
     def start_prometheus(self) -> None:
         port = free_port()
@@ -173,10 +306,6 @@ class Deployment:
         assert body["status"] == "success", body
         return body["data"]["result"]
 
-    def value(self, expr: str) -> float:
-        result = self.query(expr)
-        return float(result[0]["value"][1]) if result else float("nan")
-
     # --- teardown ---------------------------------------------------------------------------
     def teardown(self) -> None:
         """Stops every pod within its terminationGracePeriodSeconds (podman's default stop
@@ -184,36 +313,21 @@ class Deployment:
         if self.down:
             return
         self.down = True
-        grace = {d["metadata"]["name"]: d["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)
-                 for d in self.docs if d["kind"] == "Deployment"}  # fmt: skip
+        grace = {name: t["spec"].get("terminationGracePeriodSeconds", 30)
+                 for name, t in self.templates.items()}  # fmt: skip
         t0 = time.monotonic()
         for name in reversed(ORDER):  # clients first, replay (final checkpoint) last
+            t_stop = time.monotonic()
             pods = sorted({p["pod"] for p in self.pods() if p["deployment"] == name})
             if pods:
-                sh(
-                    "podman",
-                    "pod",
-                    "stop",
-                    "-t",
-                    str(grace[name]),
-                    *pods,
-                    check=False,
-                    timeout=grace[name] + 60,
-                )
+                sh("podman", "pod", "stop", "-t", str(grace[name]), *pods, check=False,
+                   timeout=grace[name] + 60)  # fmt: skip
+            self.timings[f"stop {name}"] = time.monotonic() - t_stop
             for p in self.pods():
                 if p["deployment"] == name:
-                    code = sh(
-                        "podman",
-                        "inspect",
-                        p["name"],
-                        "--format",
-                        "{{.State.ExitCode}}",
-                        check=False,
-                    )
-                    self.exit_codes[p["name"]] = (
-                        code.strip(),
-                        logs(p["name"], 3),
-                    )
+                    code = sh("podman", "inspect", p["name"], "--format", "{{.State.ExitCode}}",
+                              check=False)  # fmt: skip
+                    self.exit_codes[p["name"]] = (code.strip(), logs(p["name"], 3))
         self.timings["stop all pods"] = time.monotonic() - t0
         for name in reversed(ORDER):
             path = self.work / "play" / f"{name}.yaml"
@@ -250,17 +364,21 @@ def deployment(tmp_path_factory):
     print(build.stdout)
     build_seconds = time.monotonic() - t0
     rendered = sh("kubectl", "kustomize", str(OVERLAY))
+    docs = adapter.load([rendered])
+    # As the manifests say, except 1 actor to start with (their 4 would share 2 cores).
+    replicas = {d["metadata"]["name"]: d["spec"].get("replicas", 1) for d in docs
+                if d["kind"] == "Deployment"} | {"actor": 1}  # fmt: skip
     dep = Deployment(
         work=tmp_path_factory.mktemp("k8s"),
-        docs=adapter.load([rendered]),
+        docs=docs,
         volumes_before=set(sh("podman", "volume", "ls", "-q").split()),
+        replicas=replicas,
     )
     dep.timings["build images"] = build_seconds
     # Every image the manifests name must resolve locally, as the manifest spells it.
-    for d in dep.docs:
-        if d["kind"] == "Deployment":
-            for c in d["spec"]["template"]["spec"]["containers"]:
-                assert sh("podman", "image", "exists", c["image"], check=False) == "", c["image"]
+    for template in dep.templates.values():
+        for c in template["spec"]["containers"]:
+            assert sh("podman", "image", "exists", c["image"], check=False) == "", c["image"]
     sh("podman", "network", "rm", "-f", NETWORK, check=False)  # a leftover of a killed run
     try:
         sh("podman", "network", "create", NETWORK)
@@ -269,7 +387,12 @@ def deployment(tmp_path_factory):
             dep.play(name)
         dep.timings["kube play"] = time.monotonic() - t1
         dep.start_prometheus()
-        dep.write_targets()
+        try:
+            wait_for(dep.scrapes_every_pod, 120, "every pod running, scraped by Prometheus", 1)
+        except BaseException:
+            print(dep.logs())
+            raise
+        dep.timings["play to every pod scraped"] = time.monotonic() - t1
         yield dep
     finally:
         dep.teardown()
@@ -277,74 +400,130 @@ def deployment(tmp_path_factory):
         print("exit codes:", {k: v[0] for k, v in dep.exit_codes.items()})
 
 
-@pytest.mark.timeout(1800)
-def test_trains_and_prometheus_scrapes_every_pod(deployment):
+@pytest.mark.timeout(600)
+def test_every_probe_passes_and_prometheus_scrapes_every_pod(deployment):
     dep = deployment
-    t0 = time.monotonic()
-
-    # Every pod up, with its metrics reachable by Prometheus.
-    def all_up():
-        dep.write_targets()
-        up = dep.query("up")
-        return len(up) == 4 and all(r["value"][1] == "1" for r in up)
-
-    try:
-        wait_for(all_up, 120, "up == 1 for replay, learner, evaluator, actor", interval=2)
-        # Training: actors insert, replay samples, the learner updates and publishes.
-        wait_for(
-            lambda: dep.value("sum(apexrl_learner_updates_total)") > 0,
-            180,
-            "learner updates",
-            interval=5,
-        )
-    except BaseException:
-        print(dep.logs())
-        raise
-    time.sleep(max(0.0, TRAIN_SECONDS - (time.monotonic() - t0)))
-    dep.timings["train"] = time.monotonic() - t0
     up = dep.query("up")
     assert sorted(r["metric"]["job"] for r in up) == [f"apexrl/{n}" for n in sorted(ORDER)]
     assert all(r["value"][1] == "1" for r in up), up
-    assert dep.value("sum(apexrl_learner_updates_total)") > 0
-    assert dep.value("sum(apexrl_replay_samples_total)") > 0
-    assert dep.value("sum(apexrl_actor_transitions_inserted_total)") > 0
-    assert all(p["state"] == "running" for p in dep.pods()), dep.logs()
+    passed = dep.check_probes(dep.running())
+    print("probes passed, run against the pods:", passed)
+    assert sorted(passed) == sorted(p["pod"] for p in dep.running()), passed
+
+
+def lag_bound(settings: dict) -> float:
+    """The most versions an actor may be behind at its last pull (UPDATES_PER_ENV_STEP_LIMIT)."""
+    pulls, publishes = settings["actor"]["pull_interval"], settings["learner"]["publish_interval"]
+    return 1 + UPDATES_PER_ENV_STEP_LIMIT * pulls / publishes
 
 
 @pytest.mark.timeout(600)
-def test_scaling_actors_from_1_to_3_raises_env_steps_rate(deployment):
+def test_it_trains_every_actor_acting_with_fresh_parameters(deployment):
     dep = deployment
-    rate = "sum(rate(apexrl_actor_env_steps_total[30s]))"
+    bound = lag_bound(dep.settings)
+    pods = dep.running()
+    replay, learner = (next(p for p in pods if p["deployment"] == d) for d in ("replay", "learner"))
+    actors = {p["pod"]: p for p in pods if p["deployment"] == "actor"}
 
-    def mean_rate(seconds: float) -> float:
-        values = []
-        for _ in range(int(seconds / 5)):
-            values.append(dep.value(rate))
-            time.sleep(5)
-        return sum(values) / len(values)
+    def observe() -> dict:
+        return {
+            "replay size": dep.metrics(replay)["apexrl_replay_size"],
+            "updates": dep.metrics(learner)["apexrl_learner_updates_total"],
+            **{pod: dep.metrics(p) for pod, p in actors.items()},
+        }
 
-    before = mean_rate(30)
+    first, last = observe(), {}
+    version, lag = "apexrl_actor_parameter_version", "apexrl_actor_parameter_lag"
+
+    def trains() -> bool:
+        last.update(observe())
+        return (
+            last["replay size"] > first["replay size"]
+            and last["updates"] > first["updates"]
+            and all(
+                last[pod][version] > max(1, first[pod][version]) and last[pod][lag] <= bound
+                for pod in actors
+            )
+        )
+
+    try:
+        # The actor fills replay; from min_size_to_sample on the learner trains and publishes.
+        wait_for(trains, 180, "replay to grow, updates to advance, every actor to hold a new "
+                 f"parameter version > 1 at most {bound:.0f} behind", interval=0.5)  # fmt: skip
+    except BaseException:
+        print("first:", first, "\nlast:", last)
+        print(dep.logs())
+        raise
+    dep.marks["1 actor"] = dep.env_steps()
+    steps = "apexrl_actor_env_steps_total"
+    fewest = min(last[pod][steps] - first[pod][steps] for pod in actors)
+    each = ", ".join(f"{pod} version {first[pod][version]:.0f} -> {last[pod][version]:.0f} "
+                     f"lag {last[pod][lag]:.0f}" for pod in actors)  # fmt: skip
+    print(f"trains: replay size {first['replay size']:.0f} -> {last['replay size']:.0f}, "
+          f"updates {first['updates']:.0f} -> {last['updates']:.0f}, {each} (lag bound "
+          f"{bound:.0f}); {(last['updates'] - first['updates']) / max(fewest, 1):.4f} updates "
+          "per env step of one actor")  # fmt: skip
+
+
+@pytest.mark.timeout(600)
+def test_scaling_actors_from_1_to_3_steps_all_on_the_ladder_of_3(deployment):
+    dep = deployment
+    bound = lag_bound(dep.settings)
+    before, before_seconds = dep.env_steps_per_second(dep.marks.get("1 actor"))
     t0 = time.monotonic()
     # `kubectl scale deployment/actor --replicas=3`: the same manifest, replicas 3, replayed.
     dep.play("actor", replicas=3, replace=True)
     dep.timings["scale to 3 (kube play --replace)"] = time.monotonic() - t0
 
-    def three_up():
-        dep.write_targets()
-        return len([r for r in dep.query('up{job="apexrl/actor"} == 1')]) == 3
+    first: dict[str, float] = {}  # container id -> its env steps when first read
+    seen: dict = {}
 
-    wait_for(three_up, 120, "3 actor targets up", interval=2)
-    # Past the restart of actor 0 and the new actors' start: a full 30 s window of 3 actors.
-    wait_for(lambda: dep.value('count(rate(apexrl_actor_env_steps_total[30s]) > 0)') == 3, 120,
-             "3 actors stepping", interval=5)  # fmt: skip
-    time.sleep(30)
-    after = mean_rate(30)
+    def three_step_on_the_ladder() -> bool:
+        try:
+            now = {p["id"]: dep.metrics(p) for p in dep.running("actor")}
+        except OSError:  # a new actor not serving /metrics yet
+            return False
+        seen.clear()
+        seen.update(now)
+        for cid, m in now.items():
+            first.setdefault(cid, m["apexrl_actor_env_steps_total"])
+        places = sorted(m["apexrl_actor_ladder_index"] for m in now.values())
+        return places == [0, 1, 2] and all(
+            m["apexrl_actor_env_steps_total"] > first[cid]
+            and math.isclose(
+                m["apexrl_actor_epsilon"], LADDER_OF_3[int(m["apexrl_actor_ladder_index"])]
+            )
+            and m["apexrl_actor_parameter_version"] > 1
+            and m["apexrl_actor_parameter_lag"] <= bound
+            for cid, m in now.items()
+        )
+
+    try:
+        # The replaced actor's lease runs out lease_seconds after its last pull; until then
+        # the new ones share a ladder of 4 with it.
+        wait_for(three_step_on_the_ladder, 120, "3 actors stepping, on places 0, 1, 2 with "
+                 f"epsilons {LADDER_OF_3}, with parameters > 1 at most {bound:.0f} behind",
+                 interval=0.5)  # fmt: skip
+        mark = dep.env_steps()
+        dep.timings["scale to 3: all 3 on the ladder"] = time.monotonic() - t0
+        wait_for(dep.scrapes_every_pod, 120, "Prometheus scraping the 3 actors", interval=1)
+        passed = dep.check_probes(dep.running("actor"))
+        assert len(passed) == 3, passed
+    except BaseException:
+        print("actors:", {cid[:12]: {k: v for k, v in m.items() if k.startswith("apexrl_actor_")}
+                          for cid, m in seen.items()})  # fmt: skip
+        print(dep.logs())
+        raise
+    dep.timings["scale to 3: Prometheus scrapes them, probes pass"] = time.monotonic() - t0
+    ladder = {int(m["apexrl_actor_ladder_index"]): m["apexrl_actor_epsilon"] for m in seen.values()}
+    print("ladder of 3 (place: epsilon):", dict(sorted(ladder.items())))
+    after, after_seconds = dep.env_steps_per_second(mark)
+    # Not 3x, and no check: this kind of machine has 2 cores, shared with the learner, replay,
+    # the evaluator and whatever else runs; each actor is limited to 1 CPU.
+    print(f"env steps/s: 1 actor {before:.0f} (over {before_seconds:.0f} s), 3 actors "
+          f"{after:.0f} (over {after_seconds:.0f} s): ratio {after / before:.2f}")  # fmt: skip
     dep.timings["env steps/s 1 actor"] = before
     dep.timings["env steps/s 3 actors"] = after
-    print(f"env steps/s: 1 actor {before:.0f}, 3 actors {after:.0f}")
-    # Not 3x: this kind of machine has 2 cores, shared with the learner, replay and the
-    # evaluator (measured here: ~7100 -> ~9200 steps/s). Each actor is limited to 1 CPU.
-    assert after > 1.15 * before, (before, after)
 
 
 def alert_rules() -> list[dict]:
