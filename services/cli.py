@@ -46,7 +46,7 @@ def actor(argv: list[str]) -> None:
 
 
 def evaluator(argv: list[str]) -> None:
-    from apexrl.actor import evaluator as service
+    from apexrl.evaluator import service
 
     config, registry = _setup(cfg.EvaluatorConfig, argv, "evaluator")
     run_worker(config, registry, lambda stop: service.run(config, registry, stop))
