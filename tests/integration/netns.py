@@ -154,8 +154,11 @@ table inet {PARTITION_TABLE} {{
 def dropped_packets(ns: NetNS) -> int:
     """Packets the partition rule in `ns` has dropped so far."""
     text = ns.sh("nft", "list", "table", "inet", PARTITION_TABLE)
-    return sum(int(line.split("packets")[1].split()[0]) for line in text.splitlines()
-               if "packets" in line)  # fmt: skip
+    counts = [int(line.split("packets")[1].split()[0]) for line in text.splitlines()
+              if "packets" in line]  # fmt: skip
+    if not counts:  # a rule without `counter` would read as "nothing dropped"
+        raise RuntimeError(f"no counter in {PARTITION_TABLE} of {ns.name}:\n{text}")
+    return sum(counts)
 
 
 def heal(ns: NetNS) -> None:

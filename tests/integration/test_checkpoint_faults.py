@@ -3,11 +3,15 @@
 The newest checkpoint damaged (a flipped byte, or cut short): the service detects it by its
 checksums, says so in its log and starts from the previous one. A disk that fills up (a small
 tmpfs, needs root): the write fails, the previous checkpoint stays intact, the service goes on.
+A checkpoint fallen back to or kept must restore what was saved: the replay table's digest
+when the checkpoint was written, the parameters the learner served when it wrote it.
 """
 
 import errno
 import os
+import shutil
 import subprocess
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -19,6 +23,8 @@ from apexrl.common.learner_client import LearnerClient
 from apexrl.replay.client import ReplayClient
 from tests.conftest import metric, require_root_feature, transitions, wait_for
 from tests.integration.test_replay_process import digest
+
+SAVED_STEP = 20  # a multiple of the learner's publish interval (10): served at that step
 
 
 def damage(path: Path, how: str) -> None:
@@ -62,11 +68,16 @@ def test_learner_resumes_from_the_previous_checkpoint_when_the_newest_is_damaged
 ):
     ckpt = tmp_path / "learner"
     replay = filled_replay
+    # Checkpoints only on SIGTERM, after training stopped at --max-updates: each one holds the
+    # parameters the learner was serving then, recorded here as what was saved.
     flags = ("--replay", replay.address, "--checkpoint-dir", str(ckpt),
-             "--checkpoint-interval", "0.3", "--batch-size", "32")  # fmt: skip
-    learner = service_process("learner", *flags)
-    wait_for(lambda: len(checkpoint.checkpoints(ckpt, "learner")) >= 2, 60, "two checkpoints")
-    learner.kill()
+             "--checkpoint-interval", "0", "--batch-size", "32")  # fmt: skip
+    saved = {}
+    for step in (SAVED_STEP, 2 * SAVED_STEP):
+        learner = service_process("learner", *flags, "--max-updates", str(step))
+        with LearnerClient(learner.address) as client:
+            saved[step] = wait_for(partial(served_at, client, step), 60, f"update {step}")
+        learner.stop()
     (_, older), (_, newest) = checkpoint.checkpoints(ckpt, "learner")
     meta, arrays = checkpoint.read_checkpoint(older, "learner")
     damage(newest, how)
@@ -77,10 +88,19 @@ def test_learner_resumes_from_the_previous_checkpoint_when_the_newest_is_damaged
     with LearnerClient(resumed.address) as client:
         params = client.get_parameters()
     assert (params.update_step, params.version) == (meta["update_step"], meta["version"])
+    assert params.update_step == SAVED_STEP
+    assert params.arrays.keys() == saved[SAVED_STEP].arrays.keys()
     for name, value in params.arrays.items():
         np.testing.assert_array_equal(value, arrays[f"online/{name}"])
+        np.testing.assert_array_equal(value, saved[SAVED_STEP].arrays[name])
     resumed.stop()
     replay.stop()
+
+
+def served_at(client: LearnerClient, step: int):
+    """The parameters the learner serves, once they are those of update `step` (else None)."""
+    params = client.get_parameters()
+    return params if params.update_step == step else None
 
 
 @pytest.fixture
@@ -111,9 +131,17 @@ def files(directory: Path) -> set[str]:
     return {p.name for p in directory.iterdir()}
 
 
-def test_replay_keeps_serving_and_its_checkpoint_when_the_disk_is_full(replay_process, small_disk):
-    proc = replay_process("--checkpoint-dir", str(small_disk), "--checkpoint-interval", "0",
-                          "--capacity", "2000", "--min-size-to-sample", "1")  # fmt: skip
+def copy_into(path: Path, directory: Path) -> Path:
+    directory.mkdir()
+    return Path(shutil.copy2(path, directory / path.name))
+
+
+def test_replay_keeps_serving_and_its_checkpoint_when_the_disk_is_full(
+    replay_process, small_disk, tmp_path
+):
+    # The digest covers the configured rate limiter: every restart uses the same table flags.
+    table = ("--capacity", "2000", "--min-size-to-sample", "1")
+    proc = replay_process("--checkpoint-dir", str(small_disk), "--checkpoint-interval", "0", *table)
     with ReplayClient(proc.address, retry_seconds=0) as client:
         client.insert(transitions(1000))
         client.checkpoint()
@@ -129,6 +157,13 @@ def test_replay_keeps_serving_and_its_checkpoint_when_the_disk_is_full(replay_pr
         assert "previous checkpoints kept" in caught.value.details()
         assert files(small_disk) == before  # no partial file left behind
         assert checkpoint.read_checkpoint(kept, "replay")  # checksums still hold
+        # ... and it restores the table as it was saved: a replay started from a copy of it.
+        copy = copy_into(kept, tmp_path / "kept")
+        from_kept = replay_process("--checkpoint-dir", str(copy.parent), *table)
+        with ReplayClient(from_kept.address) as other:
+            assert digest(other) == saved
+        assert f"restored table 'default' from {copy}" in from_kept.log()
+        from_kept.kill()
         assert "checkpoint failed, previous ones kept" in proc.log()
         assert metric(proc.metrics_port, "apexrl_replay_checkpoint_failures_total") == 1
         # Still serving: inserts and samples go on.
@@ -136,10 +171,12 @@ def test_replay_keeps_serving_and_its_checkpoint_when_the_disk_is_full(replay_pr
         assert len(client.sample(16).keys) == 16
         (small_disk / "filler").unlink()  # space again: the next checkpoint works
         client.checkpoint()
+        written = digest(client)
     proc.kill()
-    restarted = replay_process("--checkpoint-dir", str(small_disk), "--capacity", "2000")
+    restarted = replay_process("--checkpoint-dir", str(small_disk), *table)
     with ReplayClient(restarted.address) as client:
         assert digest(client) != saved and client.info().inserts == 2010
+        assert digest(client) == written
     restarted.stop()
 
 
