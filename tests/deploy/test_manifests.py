@@ -465,7 +465,7 @@ def test_dpg_overlay_switches_the_whole_stack_by_its_agent_settings():
     base = tomllib.loads(config_toml(bundle_docs("base")))
     dpg = tomllib.loads(config_toml(bundle_docs("overlays/dpg")))
     assert (dpg["algorithm"], dpg["env"]) == ("dpg", "Pendulum-v1")
-    assert "action:float32:1" in dpg["replay"]["signature"]
+    assert "action:float32:1:-2..2" in dpg["replay"]["signature"]
     for table in ("replay", "learner", "actor", "evaluator"):  # the same keys, tuned values
         assert set(dpg[table]) == set(base[table]), table
 
