@@ -21,7 +21,11 @@ def test_parameters_versions_and_leases(service_process):
         first = client.get_parameters(0, "actor-a")
         assert first.version >= 1 and first.arrays
         assert all(a.dtype == np.float32 for a in first.arrays.values())
-        assert (first.actor_index, first.num_actors, first.exploration) == (0, 1, pytest.approx(0.4))
+        assert (first.actor_index, first.num_actors, first.exploration) == (
+            0,
+            1,
+            pytest.approx(0.4),
+        )
         current = client.get_parameters(first.version, "actor-b", first.lineage)
         assert current.arrays == {} and current.version == first.version
         assert (current.actor_index, current.num_actors) == (1, 2)
