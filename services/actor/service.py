@@ -211,12 +211,13 @@ def run(
     config: ActorConfig, registry: prometheus_client.CollectorRegistry, stop: threading.Event
 ) -> None:
     torch.set_num_threads(config.threads)
+    # Registered before the env is made: scrapers see every metric from the first scrape on.
+    metrics = ActorMetrics(registry, algorithms.get(config.algorithm).exploration_name)
     actor_id = uuid.uuid4().hex
     seed = (config.seed or int.from_bytes(uuid.uuid4().bytes[:4], "little")) + int(actor_id[:6], 16)
     rng = np.random.default_rng(seed)
     algorithm = algorithms.make(config)
     policy = algorithm.policy()
-    metrics = ActorMetrics(registry, algorithm.exploration_name)
     envs, obs = make_vector_env(config.env, config.num_envs, seed % 2**31)
     adder = NStepAdder(config.num_envs, config.n_step, config.gamma)
     replay = ReplayClient(config.replay, timeout=30.0, retry_seconds=1.0, tls=config)

@@ -16,9 +16,14 @@ ALGORITHMS = {
 }
 
 
+def get(name: str) -> type[Algorithm]:
+    """The algorithm class registered as `name` (ValueError naming the setting otherwise)."""
+    if name not in ALGORITHMS:
+        raise ValueError(f"algorithm: {name!r}, expected one of {sorted(ALGORITHMS)}")
+    module, cls = ALGORITHMS[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
 def make(config) -> Algorithm:
-    """The algorithm `config.algorithm` for `config.env` (ValueError naming what is wrong)."""
-    if config.algorithm not in ALGORITHMS:
-        raise ValueError(f"algorithm: {config.algorithm!r}, expected one of {sorted(ALGORITHMS)}")
-    module, name = ALGORITHMS[config.algorithm].split(":")
-    return getattr(importlib.import_module(module), name)(config, env_spec(config.env))
+    """The algorithm `config.algorithm` for `config.env`."""
+    return get(config.algorithm)(config, env_spec(config.env))

@@ -50,11 +50,14 @@ def test_dpg_actors_and_learner_train_through_the_same_services(service_process)
     assert np.all(np.abs(action) <= 2.0) and np.unique(action).size > 1  # bounded, explored
     assert batch.columns["obs"].shape == (32, 3)
     # Each actor holds a version > 1 and a place in the noise ladder over the two live actors.
-    scales = sorted(
-        wait_for(lambda a=a: metric(a.metrics_port, "apexrl_actor_noise_scale"), 60, "noise")
-        for a in actors
+    ladder = pytest.approx([noise_ladder(1, 2), noise_ladder(0, 2)])
+    wait_for(  # an actor that came first held the lone scale until its next pull
+        lambda: (
+            sorted(metric(a.metrics_port, "apexrl_actor_noise_scale") for a in actors) == ladder
+        ),
+        60,
+        "the noise ladder over two actors",
     )
-    assert scales == pytest.approx([noise_ladder(1, 2), noise_ladder(0, 2)])
     assert metric(actors[0].metrics_port, "apexrl_actor_epsilon") == 0.0  # not exported
     wait_for(
         lambda: all(metric(a.metrics_port, "apexrl_actor_parameter_version") > 1 for a in actors),
