@@ -21,10 +21,13 @@ import numpy as np
 import prometheus_client
 import torch
 
+from apexrl.algorithms.dqn.losses import dqn_loss
+from apexrl.algorithms.dqn.networks import build_network
+from apexrl.algorithms.networks import load_numpy_state, state_to_numpy
 from apexrl.config import LearnerConfig
-from apexrl.learner.loss import dqn_loss
-from apexrl.learner.network import build_network, load_numpy_state, state_to_numpy
-from apexrl.learner.service import Learner, LearnerMetrics, ParameterStore, pick_device
+from apexrl.learner.metrics import LearnerMetrics
+from apexrl.learner.parameters import ParameterStore
+from apexrl.learner.training import Learner, pick_device
 from apexrl.replay.client import SampledBatch
 
 

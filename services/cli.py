@@ -16,12 +16,25 @@ def _setup(cls, argv: list[str], section: str):
     return config, new_registry()
 
 
+def _refuse(section: str, err: ValueError) -> None:
+    """Exit 2 (a usage error, as argparse's) with the message that names the setting."""
+    print(f"apexrl {section}: error: {err}", file=sys.stderr)
+    sys.exit(2)
+
+
 def _serve(config, build, section: str, registry) -> None:
     try:
         service, _ = build(config, registry)
         asyncio.run(serve(config, service, registry))
     except ValueError as err:  # a setting that can never work: say which, exit 2
-        sys.exit(f"apexrl {section}: error: {err}")
+        _refuse(section, err)
+
+
+def _work(config, run, section: str, registry) -> None:
+    try:
+        run_worker(config, registry, lambda stop: run(config, registry, stop))
+    except ValueError as err:  # a setting that can never work, or that the learner's refutes
+        _refuse(section, err)
 
 
 def replay(argv: list[str]) -> None:
@@ -42,14 +55,14 @@ def actor(argv: list[str]) -> None:
     from apexrl.actor import service
 
     config, registry = _setup(cfg.ActorConfig, argv, "actor")
-    run_worker(config, registry, lambda stop: service.run(config, registry, stop))
+    _work(config, service.run, "actor", registry)
 
 
 def evaluator(argv: list[str]) -> None:
-    from apexrl.actor import evaluator as service
+    from apexrl.evaluator import service
 
     config, registry = _setup(cfg.EvaluatorConfig, argv, "evaluator")
-    run_worker(config, registry, lambda stop: service.run(config, registry, stop))
+    _work(config, service.run, "evaluator", registry)
 
 
 def local(argv: list[str]) -> None:

@@ -11,6 +11,7 @@ Each service's settings are a dataclass whose field help is the documentation an
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 import tomllib
@@ -69,11 +70,17 @@ class ClientTLSConfig:
 class AgentConfig:
     """What the learner, actors and evaluator must agree on (put it at the top of a shared file)."""
 
+    algorithm: str = option(
+        "dqn", "dqn (discrete actions) or dpg (continuous): the whole stack acts and learns by it"
+    )
     env: str = option("CartPole-v1", "gymnasium environment id")
     hidden: str = option("128,128", "hidden layer sizes of the MLP torso (vector observations)")
     gamma: float = option(0.99, "discount factor")
     n_step: int = option(3, "n of the n-step returns the actors build")
     seed: int = option(0, "random seed (0: from the OS); actors and envs derive theirs from it")
+    priority_epsilon: float = option(
+        1e-3, "priority = |TD error| + this (actors' initial ones and the learner's updates)"
+    )
 
 
 @dataclass
@@ -118,7 +125,6 @@ class LearnerConfig(AgentConfig, ClientTLSConfig, ServeConfig):
     max_grad_norm: float = option(10.0, "gradient norm clipping")
     target_update_interval: int = option(50, "updates between target network syncs")
     beta: float = option(0.4, "importance-sampling exponent sent with each sample request")
-    priority_epsilon: float = option(1e-3, "new priority = |TD error| + this")
     publish_interval: int = option(10, "updates between parameter versions for actors")
     prefetch: int = option(4, "sampled batches buffered ahead of the training step")
     lease_seconds: float = option(
@@ -254,7 +260,9 @@ class LocalConfig(AgentConfig):
     max_seconds: float = option(300.0, "give up after this many seconds")
     max_env_steps: int = option(0, "give up after this many env steps (0: no limit)")
     target_return: float = option(
-        0.0, "evaluation mean return that counts as solved (0: the env's reward_threshold)"
+        math.nan,
+        "the best model's score (mean evaluation return) that counts as solved; nan (the"
+        " default): the env's threshold (gymnasium's reward_threshold, or local.TARGETS)",
     )
     progress_interval: float = option(0.5, "seconds between progress updates and metrics CSV rows")
     log_level: str = option("INFO", "logging level of the services (their logs go to RUN_DIR/logs)")

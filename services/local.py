@@ -48,6 +48,17 @@ SERVICE_DEFAULTS = {
 }
 
 
+# Targets for envs gymnasium gives no reward_threshold (mean return of the best model).
+TARGETS = {"Pendulum-v1": -200.0}
+
+
+def signature(config: cfg.AgentConfig) -> str:
+    """The replay `signature` setting for the algorithm's transitions on the env."""
+    from apexrl import algorithms
+
+    return ",".join(column.spec() for column in algorithms.make(config).columns())
+
+
 def dump_toml(data: dict) -> str:
     """Writes flat tables of strings, numbers and booleans (all our configs need)."""
 
@@ -110,6 +121,9 @@ class Run:
         for section, defaults in SERVICE_DEFAULTS.items():
             settings[section] = {**defaults, **user_file.get(section, {})}
         settings["learner"].setdefault("checkpoint_dir", str(run_dir / "checkpoints"))
+        # The replay takes only the algorithm's columns: a misconfigured actor is refused,
+        # naming the column, instead of poisoning the table.
+        settings["replay"].setdefault("signature", signature(config))
         self.checkpoint_dir = Path(settings["learner"]["checkpoint_dir"])
         self.config_path = run_dir / "config.toml"
         self.config_path.write_text(dump_toml(settings))
@@ -227,8 +241,9 @@ def main(argv: list[str]) -> int:
     if config_file:
         with open(config_file, "rb") as fh:
             user_file = tomllib.load(fh)
-    spec = gym.spec(config.env)
-    target = config.target_return or spec.reward_threshold
+    target = config.target_return
+    if math.isnan(target):
+        target = TARGETS.get(config.env, gym.spec(config.env).reward_threshold)
     if target is None:
         sys.exit(f"apexrl local: {config.env} has no reward_threshold: pass --target-return")
     run_dir = Path(config.run_dir or f"runs/{config.env}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -353,11 +368,11 @@ def _write_outputs(run_dir: Path, rows: list[dict], target: float) -> None:
 
 def eval_main(argv: list[str]) -> int:
     """apexrl eval --checkpoint PATH: plays a saved policy greedily (by default the best model)."""
-    from apexrl.actor.evaluator import evaluate
+    from apexrl import algorithms
+    from apexrl.algorithms.base import prefixed
+    from apexrl.algorithms.evaluation import evaluate
     from apexrl.common import checkpoint
     from apexrl.learner.best import KIND as BEST
-    from apexrl.learner.network import load_numpy_state
-    from apexrl.learner.service import make_network
 
     config = cfg.parse(cfg.EvalConfig, argv, "eval", "apexrl eval")
     path = Path(config.checkpoint)
@@ -370,14 +385,13 @@ def eval_main(argv: list[str]) -> int:
     else:
         kind = BEST if path.name.startswith(f"{BEST}-") else "learner"
         meta, arrays = checkpoint.read_checkpoint(path, kind)
+    saved = {"algorithm": "dqn"} | meta["config"]  # checkpoints from before the algorithm layer
     agent = cfg.AgentConfig(
-        **{f.name: meta["config"][f.name] for f in dataclasses.fields(cfg.AgentConfig)}
+        **{f.name: saved[f.name] for f in dataclasses.fields(cfg.AgentConfig) if f.name in saved}
     )
-    net = make_network(agent)
-    load_numpy_state(
-        net, {k[len("online/") :]: v for k, v in arrays.items() if k.startswith("online/")}
-    )
-    returns = evaluate(net, agent.env, config.episodes, config.seed, config.epsilon)
+    policy = algorithms.make(agent).policy()
+    policy.load(prefixed(arrays, "online"))
+    returns = evaluate(policy, agent.env, config.episodes, config.seed, config.epsilon)
     what = f"{path}: {agent.env}, version {meta['version']} (update {meta['update_step']})"
     if "mean_return" in meta:  # a best model: say what earned it
         p = meta["protocol"]

@@ -184,9 +184,15 @@ def build() -> dashboard_models.Dashboard:
     )
     builder.with_panel(
         graph(
-            "Epsilon ladder",
-            "Each actor's leased exploration rate, 0.4^(1 + 7 i/(N-1)) over the live actors.",
-            [query("max by (pod) (apexrl_actor_epsilon)", "{{pod}}")],
+            "Exploration ladder",
+            "Each actor's leased exploration parameter over the live actors: epsilon"
+            " 0.4^(1 + 7 i/(N-1)) when dqn runs, the Gaussian noise scale"
+            " 0.5 (0.05/0.5)^(i/(N-1)) (a fraction of the action half-range) when dpg runs.",
+            [
+                query(
+                    "max by (pod) (apexrl_actor_epsilon or apexrl_actor_noise_scale)", "{{pod}}"
+                )
+            ],
             span=THIRD,
             log_scale=True,
         )

@@ -12,10 +12,12 @@ window is emitted when it is full (m == n) or when its env's episode ended; then
 so partial windows at an episode end are emitted, not dropped, and the learner
 needs neither n nor gamma.
 
-Feed it steps of an env made by `apexrl.actor.envs.make_vector_env`, which uses
-gymnasium's SAME_STEP autoreset: every step is a real transition and the final
-obs of an ending episode comes in `infos["final_obs"]`
-(`apexrl.actor.envs.final_observations` swaps it in). Windows are kept in a
+Feed it steps of an env made by `apexrl.algorithms.envs.make_vector_env`, which
+uses gymnasium's SAME_STEP autoreset: every step is a real transition and the
+final obs of an ending episode comes in `infos["final_obs"]`
+(`apexrl.algorithms.envs.final_observations` swaps it in). The columns it emits
+are the ones `apexrl.algorithms.base.nstep_columns` declares; actions keep the
+dtype and shape they come in (int64 indices, or float32 vectors). Windows are kept in a
 ring of n slots per env, indexed by start step mod n; the full window that
 must be emitted is always the one whose slot the next step reuses.
 """
@@ -40,7 +42,7 @@ class NStepAdder:
         self._step = 0
         # Per (env, slot): the window started at a step t with t % n == slot.
         self._obs: np.ndarray | None = None  # allocated on first add, from the obs dtype/shape
-        self._action = np.zeros((num_envs, n), dtype=np.int64)
+        self._action: np.ndarray | None = None  # likewise, from the actions
         self._return = np.zeros((num_envs, n), dtype=np.float64)
         self._length = np.zeros((num_envs, n), dtype=np.int64)
         self._active = np.zeros((num_envs, n), dtype=bool)
@@ -63,11 +65,11 @@ class NStepAdder:
         """
         obs = np.asarray(obs)
         next_obs = np.asarray(next_obs_or_final)
-        actions = np.asarray(actions, dtype=np.int64)
+        actions = np.asarray(actions)
         rewards = np.asarray(rewards, dtype=np.float64)
         terminated = np.asarray(terminated, dtype=bool)
         done = terminated | np.asarray(truncated, dtype=bool)
-        if obs.shape[0] != self.num_envs or actions.shape != (self.num_envs,):
+        if obs.shape[0] != self.num_envs or actions.shape[:1] != (self.num_envs,):
             raise ValueError(
                 f"expected {self.num_envs} envs, got obs {obs.shape} and actions {actions.shape}"
             )
@@ -75,6 +77,8 @@ class NStepAdder:
             raise ValueError(f"next_obs shape {next_obs.shape} differs from obs shape {obs.shape}")
         if self._obs is None:
             self._obs = np.zeros((self.num_envs, self.n, *obs.shape[1:]), dtype=obs.dtype)
+            shape = (self.num_envs, self.n, *actions.shape[1:])
+            self._action = np.zeros(shape, dtype=actions.dtype)
 
         # Open this step's window in every env.
         slot = self._step % self.n

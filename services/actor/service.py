@@ -1,12 +1,14 @@
-"""The actor: epsilon-greedy on a local copy of the network, n-step transitions to replay.
+"""The actor: the algorithm's behaviour policy on a local copy of its parameters, n-step
+transitions with initial priorities to replay.
 
-Stateless: every actor process is configured the same; its epsilon comes from the lease the
-learner hands out with parameters (see protos/apexrl/v1/learner.proto). It never blocks on
+Stateless: every actor process is configured the same; its exploration parameter (epsilon
+for dqn, the noise scale for dpg) comes from the lease the learner hands out with parameters
+(see protos/apexrl/v1/learner.proto). It never blocks on
 the network: parameters are pulled by a background thread every `pull_interval` env steps,
 and inserts go through a bounded buffer drained by another thread that reconnects forever
 (the oldest transitions are dropped and counted when the buffer is full).
 
-    envs → batched Q inference → epsilon-greedy → NStepAdder → initial priorities → buffer → replay
+    envs → policy.act (batched) → NStepAdder → policy.priorities → buffer → replay
 """
 
 import collections
@@ -19,24 +21,28 @@ import numpy as np
 import prometheus_client
 import torch
 
-from apexrl.actor.envs import final_observations, make_vector_env
+from apexrl import algorithms
 from apexrl.actor.nstep import NStepAdder
+from apexrl.algorithms.envs import RETURN_BUCKETS, final_observations, make_vector_env
 from apexrl.common.backoff import Backoff
+from apexrl.common.learner_client import LearnerClient, Parameters
 from apexrl.config import ActorConfig
-from apexrl.learner.client import LearnerClient, Parameters
-from apexrl.learner.loss import dqn_loss
-from apexrl.learner.network import load_numpy_state
-from apexrl.learner.service import make_network
 from apexrl.replay.client import ReplayClient
 
 log = logging.getLogger(__name__)
 
-RETURN_BUCKETS = (0, 10, 25, 50, 100, 200, 300, 400, 475, 500, 1000, 5000, 20000)
 LENGTH_BUCKETS = (10, 25, 50, 100, 200, 500, 1000, 5000, 10000, 30000)
 
 
+EXPLORATION_HELP = {
+    "epsilon": "Exploration epsilon from the actor's lease (dqn).",
+    "noise_scale": "Gaussian action-noise std, as a fraction of the action half-range, from the"
+    " actor's lease (dpg).",
+}
+
+
 class ActorMetrics:
-    def __init__(self, registry: prometheus_client.CollectorRegistry):
+    def __init__(self, registry: prometheus_client.CollectorRegistry, exploration_name: str):
         def metric(kind, name, doc, **kw):
             return kind(f"apexrl_actor_{name}", doc, registry=registry, **kw)
 
@@ -49,8 +55,12 @@ class ActorMetrics:
         self.episode_length = metric(
             H, "episode_length", "Episode length in steps.", buckets=LENGTH_BUCKETS
         )
-        self.epsilon = metric(G, "epsilon", "Exploration epsilon from the actor's lease.")
-        self.actor_index = metric(G, "ladder_index", "This actor's place in the epsilon ladder.")
+        # The algorithm's exploration parameter under its own name (dqn: epsilon, dpg:
+        # noise_scale): a metric keeps one meaning whatever the algorithm.
+        self.exploration = metric(G, exploration_name, EXPLORATION_HELP[exploration_name])
+        self.actor_index = metric(
+            G, "ladder_index", "This actor's place in the exploration ladder."
+        )
         self.version = metric(G, "parameter_version", "Parameter version the actor acts with.")
         self.lag = metric(
             G, "parameter_lag", "Learner's newest version minus the actor's, at the last pull."
@@ -197,27 +207,18 @@ def _short(err: Exception) -> str:
     return details() if callable(details) else str(err)
 
 
-def initial_priorities(
-    net: torch.nn.Module, columns: dict[str, np.ndarray], epsilon: float
-) -> np.ndarray:
-    """|TD error| from the actor's own network (as both online and target), as in Ape-X."""
-    batch = {name: torch.from_numpy(array) for name, array in columns.items()}
-    with torch.no_grad():
-        _, td_errors, _ = dqn_loss(net, net, batch, torch.ones(len(columns["action"])))
-    return td_errors.abs().numpy().astype(np.float32) + epsilon
-
-
 def run(
     config: ActorConfig, registry: prometheus_client.CollectorRegistry, stop: threading.Event
 ) -> None:
     torch.set_num_threads(config.threads)
-    metrics = ActorMetrics(registry)
+    # Registered before the env is made: scrapers see every metric from the first scrape on.
+    metrics = ActorMetrics(registry, algorithms.get(config.algorithm).exploration_name)
     actor_id = uuid.uuid4().hex
     seed = (config.seed or int.from_bytes(uuid.uuid4().bytes[:4], "little")) + int(actor_id[:6], 16)
     rng = np.random.default_rng(seed)
+    algorithm = algorithms.make(config)
+    policy = algorithm.policy()
     envs, obs = make_vector_env(config.env, config.num_envs, seed % 2**31)
-    net = make_network(config)
-    num_actions = int(envs.single_action_space.n)
     adder = NStepAdder(config.num_envs, config.n_step, config.gamma)
     replay = ReplayClient(config.replay, timeout=30.0, retry_seconds=1.0, tls=config)
     buffer = InsertBuffer(replay, config.buffer_limit, metrics, stop)
@@ -232,7 +233,7 @@ def run(
         config.learner,
     )
 
-    epsilon, version, have_weights = 1.0, 0, False
+    exploration, version, have_weights = 0.0, 0, False
     pending: list[dict[str, np.ndarray]] = []
     pending_count = steps_since_pull = 0
     returns = np.zeros(config.num_envs)
@@ -242,21 +243,23 @@ def run(
         while not stop.is_set():
             params = puller.take()
             if params is not None:
+                if params.algorithm != algorithm.name:  # acting on them would be nonsense
+                    raise ValueError(
+                        f"algorithm: this actor runs {algorithm.name}, the learner at"
+                        f" {config.learner} runs {params.algorithm}"
+                    )
                 if params.arrays:
-                    load_numpy_state(net, params.arrays)
+                    policy.load(params.arrays)
                     version, have_weights = params.version, True
                     metrics.version.set(version)
-                epsilon = params.epsilon
-                metrics.epsilon.set(epsilon)
+                exploration = params.exploration
+                metrics.exploration.set(exploration)
                 metrics.actor_index.set(params.actor_index)
             if not have_weights:  # nothing to act with yet: wait for the first pull
                 stop.wait(0.05)
                 continue
 
-            with torch.no_grad():
-                greedy = net(torch.from_numpy(obs)).argmax(1).numpy()
-            explore = rng.random(config.num_envs) < epsilon
-            actions = np.where(explore, rng.integers(num_actions, size=config.num_envs), greedy)
+            actions = policy.act(obs, exploration, rng)
             next_obs, rewards, terminated, truncated, infos = envs.step(actions)
             done = terminated | truncated
             columns = adder.add(
@@ -278,7 +281,7 @@ def run(
                 pending_count += len(columns["action"])
             if pending_count >= config.insert_batch:
                 batch = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
-                buffer.put(batch, initial_priorities(net, batch, 1e-3))
+                buffer.put(batch, policy.priorities(batch) + config.priority_epsilon)
                 pending, pending_count = [], 0
             steps_since_pull += config.num_envs
             if steps_since_pull >= config.pull_interval:

@@ -41,18 +41,27 @@ PRIORITY_BUCKETS = np.array(
 
 
 def parse_signature(text: str) -> list[ColumnSpec] | None:
-    """'obs:float32:4,action:int64:,frame:uint8:84x84x4' -> column specs (None when empty)."""
+    """'obs:float32:4,action:int64:,frame:uint8:84x84x4' -> column specs (None when empty).
+
+    A fourth part bounds a column's values: 'action:float32:1:-2..2' refuses actions outside
+    [-2, 2] (a misconfigured actor's).
+    """
     if not text.strip():
         return None
     specs = []
     for part in text.split(","):
         try:
-            name, dtype, dims = (p.strip() for p in part.split(":"))
+            name, dtype, dims, *rest = (p.strip() for p in part.split(":"))
             shape = tuple(int(d) for d in dims.split("x")) if dims else ()
-            specs.append(ColumnSpec(name, np.dtype(dtype), shape))
+            if len(rest) > 1:
+                raise ValueError("too many parts")
+            bounds = tuple(float(b) for b in rest[0].split("..")) if rest else None
+            if bounds is not None and len(bounds) != 2:
+                raise ValueError(f"bounds {rest[0]!r} are not low..high")
+            specs.append(ColumnSpec(name, np.dtype(dtype), shape, bounds))
         except (ValueError, TypeError) as err:
             raise ValueError(
-                f"signature: cannot parse {part!r} as name:dtype:d0xd1 ({err})"
+                f"signature: cannot parse {part!r} as name:dtype:d0xd1[:low..high] ({err})"
             ) from err
     return specs
 

@@ -43,11 +43,13 @@ def _check_name(name: object, what: str) -> None:
 
 @dataclass(frozen=True)
 class ColumnSpec:
-    """One signature column: the dtype and shape of a single item."""
+    """One signature column: the dtype and shape of a single item, and optionally the closed
+    range [low, high] its values must lie in (an env's action bounds)."""
 
     name: str
     dtype: np.dtype
     shape: tuple[int, ...]
+    bounds: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name, "column name")
@@ -57,16 +59,25 @@ class ColumnSpec:
         shape = tuple(int(d) for d in self.shape)
         if any(d < 0 for d in shape):
             raise ValueError(f"column {self.name!r}: negative dimension in shape {shape}")
+        if self.bounds is not None:
+            low, high = (float(b) for b in self.bounds)
+            if not low <= high:  # NaN fails too
+                raise ValueError(f"column {self.name!r}: bounds [{low}, {high}] are empty")
+            object.__setattr__(self, "bounds", (low, high))
         # Normalized so that equal specs compare equal however they were spelled.
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "shape", shape)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype.str, "shape": list(self.shape)}
+        out = {"name": self.name, "dtype": self.dtype.str, "shape": list(self.shape)}
+        return out if self.bounds is None else out | {"bounds": list(self.bounds)}
 
     @classmethod
     def from_json(cls, obj: dict) -> "ColumnSpec":
-        return cls(obj["name"], np.dtype(obj["dtype"]), tuple(obj["shape"]))
+        bounds = obj.get("bounds")
+        return cls(
+            obj["name"], np.dtype(obj["dtype"]), tuple(obj["shape"]), bounds and tuple(bounds)
+        )
 
 
 @dataclass(frozen=True)
@@ -336,6 +347,14 @@ class Table:
                         f"item shape must be {list(spec.shape)}, got {list(array.shape[1:])}"
                         f" (tensor shape {list(array.shape)})",
                     )
+                if spec.bounds is not None and array.size:
+                    low, high = spec.bounds
+                    if not ((array >= low) & (array <= high)).all():  # NaN is outside too
+                        raise InvalidArgument(
+                            f,
+                            f"values must lie in [{low:g}, {high:g}], got some in"
+                            f" [{np.nanmin(array):g}, {np.nanmax(array):g}] or NaN",
+                        )
         if n == 0:
             raise InvalidArgument("batch", "empty batch (0 items)")
         if n > self._item_limit:

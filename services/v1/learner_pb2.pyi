@@ -18,7 +18,7 @@ class GetParametersRequest(_message.Message):
     def __init__(self, have_version: _Optional[int] = ..., actor_id: _Optional[str] = ..., have_lineage: _Optional[int] = ...) -> None: ...
 
 class GetParametersResponse(_message.Message):
-    __slots__ = ("version", "parameters", "update_step", "actor_index", "num_actors", "epsilon", "lease_seconds", "lineage")
+    __slots__ = ("version", "parameters", "update_step", "actor_index", "num_actors", "epsilon", "lease_seconds", "lineage", "exploration", "algorithm")
     class ParametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -34,6 +34,8 @@ class GetParametersResponse(_message.Message):
     EPSILON_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    EXPLORATION_FIELD_NUMBER: _ClassVar[int]
+    ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     version: int
     parameters: _containers.MessageMap[str, _tensor_pb2.Tensor]
     update_step: int
@@ -42,7 +44,9 @@ class GetParametersResponse(_message.Message):
     epsilon: float
     lease_seconds: float
     lineage: int
-    def __init__(self, version: _Optional[int] = ..., parameters: _Optional[_Mapping[str, _tensor_pb2.Tensor]] = ..., update_step: _Optional[int] = ..., actor_index: _Optional[int] = ..., num_actors: _Optional[int] = ..., epsilon: _Optional[float] = ..., lease_seconds: _Optional[float] = ..., lineage: _Optional[int] = ...) -> None: ...
+    exploration: float
+    algorithm: str
+    def __init__(self, version: _Optional[int] = ..., parameters: _Optional[_Mapping[str, _tensor_pb2.Tensor]] = ..., update_step: _Optional[int] = ..., actor_index: _Optional[int] = ..., num_actors: _Optional[int] = ..., epsilon: _Optional[float] = ..., lease_seconds: _Optional[float] = ..., lineage: _Optional[int] = ..., exploration: _Optional[float] = ..., algorithm: _Optional[str] = ...) -> None: ...
 
 class ReportEvaluationRequest(_message.Message):
     __slots__ = ("version", "lineage", "update_step", "parameters", "returns", "env", "first_seed", "epsilon")

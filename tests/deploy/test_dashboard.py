@@ -216,6 +216,8 @@ def test_dashboard_covers_the_issue():
         "apexrl_actor_episode_return_bucket",
         "apexrl_evaluation_mean_return",
         "apexrl_actor_epsilon",
+        "apexrl_actor_noise_scale",
+        "apexrl_evaluation_best_mean_return",
         "apexrl_replay_size",
         "apexrl_replay_capacity",
         "apexrl_replay_inserts_total",

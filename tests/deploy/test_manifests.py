@@ -20,7 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from apexrl import cli
+from apexrl import cli, local
 from apexrl import config as cfg
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ SERVICES = {
     "evaluator": cfg.EvaluatorConfig,
 }
 GRPC_SERVERS = {"replay", "learner"}
-BUNDLES = ["k8s", "base", "overlays/cpu-only", "overlays/large"]
+BUNDLES = ["k8s", "base", "overlays/cpu-only", "overlays/large", "overlays/dpg"]
 # Metrics the alerts may use besides apexrl's own (kubelet cAdvisor and kube-state-metrics).
 KUBERNETES_METRICS: set[str] = set()  # every alert reads apexrl's own metrics
 
@@ -457,6 +457,17 @@ def test_config_map_parses_for_every_service(bundle, tmp_path):
         assert not set(data[section]) & set(agent), f"{name}: [{section}] sets agent keys"
         values = [getattr(configs[section], field) for field in agent]
         assert values == [getattr(configs["learner"], field) for field in agent]
+    # The replay refuses what the algorithm would not learn from (local mode derives the same).
+    assert configs["replay"].signature == local.signature(configs["learner"]), name
+
+
+def test_dpg_overlay_switches_the_whole_stack_by_its_agent_settings():
+    base = tomllib.loads(config_toml(bundle_docs("base")))
+    dpg = tomllib.loads(config_toml(bundle_docs("overlays/dpg")))
+    assert (dpg["algorithm"], dpg["env"]) == ("dpg", "Pendulum-v1")
+    assert "action:float32:1:-2..2" in dpg["replay"]["signature"]
+    for table in ("replay", "learner", "actor", "evaluator"):  # the same keys, tuned values
+        assert set(dpg[table]) == set(base[table]), table
 
 
 def test_large_overlay_config_differs_only_in_replay():

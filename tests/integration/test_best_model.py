@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from apexrl.common import checkpoint
-from apexrl.learner.client import LearnerClient
+from apexrl.common.learner_client import LearnerClient
 from tests.conftest import wait_for
 
 ENV = "CartPole-v1"

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from apexrl.common import checkpoint
-from apexrl.learner.client import LearnerClient
+from apexrl.common.learner_client import LearnerClient
 from apexrl.replay.client import ReplayClient
 from tests.conftest import metric, require_root_feature, transitions, wait_for
 from tests.integration.test_replay_process import digest

@@ -34,7 +34,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from apexrl.actor.epsilon import epsilon_ladder
+from apexrl.algorithms.exploration import epsilon_ladder
 from apexrl.common import tensors
 from apexrl.common.serving import Service
 from apexrl.config import LearnerConfig, ServeConfig
@@ -204,8 +204,11 @@ def serve_in_thread(tmp_path, service, registry, **settings_) -> Iterator[str]:
 @contextmanager
 def learner_server(tmp_path, publish: bool) -> Iterator[tuple[str, object]]:
     """The real LearnerServicer (without a training loop) behind `serve`; yields (address, store)."""
+    from apexrl import algorithms  # imports torch
     from apexrl.learner.best import BestModel
-    from apexrl.learner.service import LearnerServicer, Leases, ParameterStore  # imports torch
+    from apexrl.learner.leases import Leases
+    from apexrl.learner.parameters import ParameterStore
+    from apexrl.learner.servicer import LearnerServicer
 
     store = ParameterStore()
     if publish:
@@ -213,7 +216,8 @@ def learner_server(tmp_path, publish: bool) -> Iterator[tuple[str, object]]:
     registry = prometheus_client.CollectorRegistry()
     gauge = prometheus_client.Gauge("live_actors", "Actors holding a lease.", registry=registry)
     config = LearnerConfig(checkpoint_dir=str(tmp_path / "checkpoints"), env=LEARNER_ENV)
-    servicer = LearnerServicer(store, Leases(30.0), gauge, BestModel(config, LEARNER_ARRAYS))
+    best = BestModel(config, LEARNER_ARRAYS)
+    servicer = LearnerServicer(store, Leases(30.0), gauge, best, algorithms.make(config))
 
     def register(server) -> list[str]:
         learner_pb2_grpc.add_LearnerServicer_to_server(servicer, server)
@@ -1053,6 +1057,7 @@ def test_get_parameters(learner, have_version, actor_id, have_lineage):
         if actor_id:
             assert 0 <= response.actor_index < response.num_actors
             assert response.epsilon == epsilon_ladder(response.actor_index, response.num_actors)
+            assert response.exploration == response.epsilon and response.algorithm == "dqn"
         else:
             assert (response.actor_index, response.num_actors, response.epsilon) == (0, 0, 0.0)
     assert healthy(learner.channel, "") and healthy(learner.channel, "apexrl.v1.Learner")

@@ -7,9 +7,9 @@ import grpc
 import numpy as np
 import pytest
 
-from apexrl.actor.epsilon import epsilon_ladder
+from apexrl.algorithms.exploration import epsilon_ladder
 from apexrl.common import checkpoint
-from apexrl.learner.client import LearnerClient
+from apexrl.common.learner_client import LearnerClient
 from apexrl.replay.client import ReplayClient
 from tests.conftest import metric, wait_for
 
@@ -21,11 +21,15 @@ def test_parameters_versions_and_leases(service_process):
         first = client.get_parameters(0, "actor-a")
         assert first.version >= 1 and first.arrays
         assert all(a.dtype == np.float32 for a in first.arrays.values())
-        assert (first.actor_index, first.num_actors, first.epsilon) == (0, 1, pytest.approx(0.4))
+        assert (first.actor_index, first.num_actors, first.exploration) == (
+            0,
+            1,
+            pytest.approx(0.4),
+        )
         current = client.get_parameters(first.version, "actor-b", first.lineage)
         assert current.arrays == {} and current.version == first.version
         assert (current.actor_index, current.num_actors) == (1, 2)
-        assert current.epsilon == pytest.approx(0.4**8)
+        assert current.exploration == pytest.approx(0.4**8)
         with pytest.raises(grpc.RpcError) as caught:
             client.get_parameters(actor_id="x" * 129)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -39,7 +43,7 @@ def test_parameters_versions_and_leases(service_process):
             10,
             "lease expiry",
         )
-        assert (alone.actor_index, alone.epsilon) == (0, pytest.approx(0.4))
+        assert (alone.actor_index, alone.exploration) == (0, pytest.approx(0.4))
     learner.stop()
     replay.stop()
 

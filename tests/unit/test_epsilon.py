@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from apexrl.actor.epsilon import epsilon_ladder
+from apexrl.algorithms.exploration import epsilon_ladder
 
 
 def test_ends_of_the_ladder():

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from apexrl.learner.service import Leases, ParameterStore
+from apexrl.learner.leases import Leases
+from apexrl.learner.parameters import ParameterStore
 from apexrl.v1 import learner_pb2
 
 
@@ -56,7 +57,7 @@ def test_resumed_version_is_kept():
 
 @pytest.mark.parametrize("n", [1, 2, 5, 16])
 def test_ladder_in_responses_matches_the_formula(n):
-    from apexrl.actor.epsilon import epsilon_ladder
+    from apexrl.algorithms.exploration import epsilon_ladder
 
     values = [epsilon_ladder(i, n) for i in range(n)]
     expected = [0.4] if n == 1 else [0.4 ** (1 + 7 * i / (n - 1)) for i in range(n)]

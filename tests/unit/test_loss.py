@@ -2,8 +2,8 @@ import pytest
 import torch
 from torch import nn
 
-from apexrl.learner.loss import dqn_loss, td_targets
-from apexrl.learner.network import build_network
+from apexrl.algorithms.dqn.losses import dqn_loss, td_targets
+from apexrl.algorithms.dqn.networks import build_network
 
 
 class TableQ(nn.Module):

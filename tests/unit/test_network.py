@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from apexrl.learner.network import build_network, load_numpy_state, state_to_numpy
+from apexrl.algorithms.dqn.networks import build_network
+from apexrl.algorithms.networks import load_numpy_state, state_to_numpy
 
 
 def test_mlp_dueling_shapes_and_identity():

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from apexrl.actor.envs import final_observations, make_vector_env
 from apexrl.actor.nstep import NStepAdder
+from apexrl.algorithms.envs import final_observations, make_vector_env
 
 FINAL = 100.0  # final obs of an episode, distinct from any step index
 

@@ -399,3 +399,27 @@ def test_restore_rejects_mismatched_state():
     state.slot_keys[0] = 123
     with pytest.raises(ValueError, match="slot_keys"):
         Table("t", 8, alpha=0.7).restore(state)
+
+
+def test_bounded_column_refuses_values_outside_its_range_naming_it():
+    """A signature can bound a column (an env's action range): a misconfigured actor's
+    out-of-range or NaN actions are refused, naming the column, and nothing changes."""
+    from apexrl.replay.server import parse_signature
+
+    spec = parse_signature("obs:float32:3,action:float32:1:-2..2")
+    assert spec[1] == ColumnSpec("action", np.dtype("float32"), (1,), (-2.0, 2.0))
+    assert ColumnSpec.from_json(spec[1].to_json()) == spec[1]  # as the checkpoint keeps it
+    table = Table("t", 10, signature=spec)
+    obs = np.zeros((3, 3), np.float32)
+    table.insert({"obs": obs, "action": np.array([[-2.0], [0.5], [2.0]], np.float32)})
+    digest = table.digest()
+    for bad in (2.5, -2.01, np.nan):
+        actions = np.array([[0.0], [bad], [1.0]], np.float32)
+        with pytest.raises(InvalidArgument) as caught:
+            table.insert({"obs": obs, "action": actions})
+        assert str(caught.value).startswith('batch.columns["action"]: values must lie in [-2, 2]')
+    assert table.digest() == digest
+    with pytest.raises(ValueError, match="low..high"):
+        parse_signature("action:float32:1:-2")
+    with pytest.raises(ValueError, match="empty"):
+        parse_signature("action:float32:1:2..-2")

@@ -1,11 +1,11 @@
-"""Dueling Q-network, and its weights as plain numpy arrays.
+"""Network parts every algorithm shares: torsos for vector and image observations, and weights
+as plain numpy arrays.
 
-Two torsos: an MLP for 1-D float observations (CartPole) and the Nature-DQN conv
-stack for uint8 images laid out [H, W, C] (Atari). Both feed the same dueling
-head: Q = V + A - mean(A).
+Two torsos: an MLP for 1-D float observations (CartPole, Pendulum) and the Nature-DQN conv
+stack for uint8 images laid out [H, W, C] (Atari).
 
-Weights travel over gRPC as raw float32 tensors, never pickle, so the helpers at
-the bottom turn a module into an ordered dict name -> numpy array and back.
+Weights travel over gRPC as raw float32 tensors, never pickle, so the helpers at the bottom
+turn a module into an ordered dict name -> numpy array and back.
 """
 
 from collections import OrderedDict
@@ -61,44 +61,24 @@ class NatureConvTorso(nn.Module):
         return self.fc(self.convs(x))
 
 
-class QNetwork(nn.Module):
-    """Torso followed by a dueling head; forward returns Q-values [B, num_actions]."""
-
-    def __init__(self, torso: nn.Module, feature_dim: int, num_actions: int):
-        super().__init__()
-        self.torso = torso
-        self.value = nn.Linear(feature_dim, 1)
-        self.advantage = nn.Linear(feature_dim, num_actions)
-        self.num_actions = num_actions
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        features = self.torso(obs)
-        value = self.value(features)
-        advantage = self.advantage(features)
-        # Subtracting the mean advantage makes V and A identifiable (Wang et al. 2016).
-        return value + advantage - advantage.mean(dim=1, keepdim=True)
-
-
-def build_network(
-    obs_shape: Sequence[int],
-    obs_dtype: npt.DTypeLike,
-    num_actions: int,
-    hidden: Sequence[int] = (128, 128),
-) -> QNetwork:
-    """MLP torso for 1-D float obs, Nature conv torso for uint8 [H, W, C] obs."""
+def build_torso(
+    obs_shape: Sequence[int], obs_dtype: npt.DTypeLike, hidden: Sequence[int]
+) -> nn.Module:
+    """MLP torso for 1-D float obs, Nature conv torso for uint8 [H, W, C] obs (`.out_dim`)."""
     obs_shape = tuple(obs_shape)
     dtype = np.dtype(obs_dtype)
-    if num_actions < 1:
-        raise ValueError(f"num_actions must be >= 1, got {num_actions}")
     if len(obs_shape) == 1 and np.issubdtype(dtype, np.floating):
-        mlp = MLPTorso(obs_shape[0], hidden)
-        return QNetwork(mlp, mlp.out_dim, num_actions)
+        return MLPTorso(obs_shape[0], hidden)
     if len(obs_shape) == 3 and dtype == np.uint8:
-        conv = NatureConvTorso(obs_shape)
-        return QNetwork(conv, conv.out_dim, num_actions)
+        return NatureConvTorso(obs_shape)
     raise ValueError(
         f"obs_shape {obs_shape} with obs_dtype {dtype}: expected 1-D float or uint8 [H, W, C]"
     )
+
+
+def hidden_sizes(text: str) -> tuple[int, ...]:
+    """'128,128' -> (128, 128): the `hidden` setting."""
+    return tuple(int(h) for h in text.split(",") if h.strip())
 
 
 def state_to_numpy(module: nn.Module) -> "OrderedDict[str, np.ndarray]":

@@ -4,8 +4,6 @@ A version whose evaluation beats the best score so far plays a second, longer ro
 seeds (confirm_episodes); scored by the mean over both rounds, it is sent with its parameters
 to the learner, which keeps the best one as a checkpoint (learner/best.py). Every episode
 runs on a seed of its own, counting up from the evaluator's seed.
-
-Also `evaluate`, used by `apexrl eval --checkpoint` to play a saved policy.
 """
 
 import logging
@@ -14,43 +12,18 @@ import threading
 import time
 
 import grpc
-import gymnasium as gym
 import numpy as np
 import prometheus_client
 import torch
 
+from apexrl import algorithms
+from apexrl.algorithms.envs import RETURN_BUCKETS
+from apexrl.algorithms.evaluation import evaluate
 from apexrl.common.backoff import Backoff
+from apexrl.common.learner_client import LearnerClient
 from apexrl.config import EvaluatorConfig
-from apexrl.learner.client import LearnerClient
-from apexrl.learner.network import load_numpy_state
-from apexrl.learner.service import make_network
 
 log = logging.getLogger(__name__)
-
-
-def evaluate(
-    net: torch.nn.Module, env_id: str, episodes: int, seed: int, epsilon: float = 0.0
-) -> np.ndarray:
-    """Returns of `episodes` episodes played at once, one per env, epsilon-greedy on `net`."""
-    envs = gym.vector.SyncVectorEnv(
-        [lambda: gym.make(env_id) for _ in range(episodes)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
-    rng = np.random.default_rng(seed)
-    obs, _ = envs.reset(seed=seed)
-    returns = np.zeros(episodes)
-    running = np.ones(episodes, bool)  # each env counts its first episode only
-    num_actions = int(envs.single_action_space.n)
-    while running.any():
-        with torch.no_grad():
-            actions = net(torch.from_numpy(obs)).argmax(1).numpy()
-        explore = rng.random(episodes) < epsilon
-        actions = np.where(explore, rng.integers(num_actions, size=episodes), actions)
-        obs, rewards, terminated, truncated, _ = envs.step(actions)
-        returns += rewards * running
-        running &= ~(terminated | truncated)
-    envs.close()
-    return returns
 
 
 def run(
@@ -62,7 +35,7 @@ def run(
     )
     returns_hist = prometheus_client.Histogram(
         "apexrl_evaluation_return", "Returns of evaluation episodes.", registry=registry,
-        buckets=(0, 10, 25, 50, 100, 200, 300, 400, 475, 500, 1000, 5000, 20000),
+        buckets=RETURN_BUCKETS,
     )  # fmt: skip
     rounds = prometheus_client.Counter(
         "apexrl_evaluation_rounds", "Evaluations done.", registry=registry
@@ -85,14 +58,15 @@ def run(
         "Best-model candidates the learner could not keep (see the log).",
         registry=registry,
     )
-    net = make_network(config)
+    algorithm = algorithms.make(config)
+    policy = algorithm.policy()
     learner = LearnerClient(config.learner, retry_seconds=1.0, tls=config)
     version, lineage, backoff, next_seed = 0, 0, Backoff(cap=2.0), config.seed
     best = -math.inf  # the best score the learner keeps (from its answers)
 
     def play(episodes: int) -> np.ndarray:
         nonlocal next_seed
-        returns = evaluate(net, config.env, episodes, next_seed, config.epsilon)
+        returns = evaluate(policy, config.env, episodes, next_seed, config.epsilon)
         next_seed += episodes  # every episode on a seed of its own
         return returns
 
@@ -109,7 +83,12 @@ def run(
             if not params.arrays:  # nothing new to evaluate
                 stop.wait(config.interval)
                 continue
-            load_numpy_state(net, params.arrays)
+            if params.algorithm != algorithm.name:
+                raise ValueError(
+                    f"algorithm: this evaluator runs {algorithm.name}, the learner at"
+                    f" {config.learner} runs {params.algorithm}"
+                )
+            policy.load(params.arrays)
             version, lineage = params.version, params.lineage
             first_seed = next_seed
             returns = play(config.episodes)

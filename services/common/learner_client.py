@@ -1,4 +1,9 @@
-"""LearnerClient: what actors and evaluators ask the learner for."""
+"""LearnerClient: what actors and evaluators ask the learner for.
+
+It lives with the plumbing, not in learner/, so that actors and evaluators reach the learner
+through the wire contract without importing the learner service (services never import
+each other).
+"""
 
 from dataclasses import dataclass
 
@@ -15,9 +20,10 @@ class Parameters:
     lineage: int  # the learner process's; send it back with the version (learner.proto)
     update_step: int
     arrays: dict[str, np.ndarray]  # empty when the caller already had this version
-    epsilon: float
+    exploration: float  # the algorithm's exploration parameter for this actor's place
     actor_index: int
     num_actors: int
+    algorithm: str  # the learner's
 
 
 class LearnerClient(GrpcClient):
@@ -43,9 +49,10 @@ class LearnerClient(GrpcClient):
                 name: tensors.from_proto(t, f'parameters["{name}"]')
                 for name, t in response.parameters.items()
             },
-            epsilon=response.epsilon,
+            exploration=response.exploration,
             actor_index=response.actor_index,
             num_actors=response.num_actors,
+            algorithm=response.algorithm,
         )
 
     def report_evaluation(

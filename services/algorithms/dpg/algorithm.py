@@ -1,0 +1,172 @@
+"""Ape-X DPG (Horgan et al. 2018): DDPG's deterministic policy and critic on n-step transitions,
+actors exploring with Gaussian action noise of a per-actor scale."""
+
+import numpy as np
+import torch
+
+from apexrl.algorithms.base import (
+    Algorithm,
+    Column,
+    Learning,
+    Policy,
+    load_optimizer_state,
+    nstep_columns,
+    optimizer_state,
+    prefixed,
+)
+from apexrl.algorithms.dpg.losses import critic_loss, policy_loss
+from apexrl.algorithms.dpg.networks import ActorCritic, build_actor_critic
+from apexrl.algorithms.exploration import noise_ladder
+from apexrl.algorithms.networks import hidden_sizes, load_numpy_state, state_to_numpy
+
+# Adam learning rate of the policy, as a multiple of the learner's `learning_rate` (the
+# critic's). Would become a learner setting (policy_learning_rate) if envs needed it tuned.
+POLICY_LEARNING_RATE_SCALE = 1.0
+# Element-wise bound on the policy's parameter gradients (Ape-X DPG clips them to [-1, 1]).
+POLICY_GRAD_CLIP = 1.0
+# Soft target updates: target <- (1 - tau) * target + tau * online after every update; 0 for
+# hard syncs every `target_update_interval` updates instead.
+TARGET_TAU = 0.0
+
+
+class DPGPolicy(Policy):
+    def __init__(self, nets: ActorCritic, low: np.ndarray, high: np.ndarray):
+        self.nets = nets
+        self.low, self.high = low, high
+
+    def load(self, arrays: dict[str, np.ndarray]) -> None:
+        load_numpy_state(self.nets, arrays)
+
+    def act(self, obs: np.ndarray, exploration: float, rng: np.random.Generator) -> np.ndarray:
+        """pi(obs) plus Gaussian noise of std `exploration` * (high - low) / 2 per dimension,
+        clipped to the bounds; float32 [B, *action_shape]. Exploration 0: pi(obs) itself."""
+        with torch.no_grad():
+            actions = self.nets.policy(torch.from_numpy(obs)).numpy()
+        if exploration > 0:
+            noise = rng.standard_normal(actions.shape) * (exploration * (self.high - self.low) / 2)
+            actions = np.clip(actions + noise, self.low, self.high)
+        return actions.astype(np.float32, copy=False)
+
+    def priorities(self, columns: dict[str, np.ndarray]) -> np.ndarray:
+        """|TD error| with the actor's own policy and critic standing in for the targets."""
+        batch = {name: torch.from_numpy(array) for name, array in columns.items()}
+        policy, critic = self.nets.policy, self.nets.critic
+        with torch.no_grad():
+            weights = torch.ones(len(columns["reward"]))
+            _, td_errors, _ = critic_loss(critic, policy, critic, batch, weights)
+        return td_errors.abs().numpy().astype(np.float32)
+
+
+class DPGLearning(Learning):
+    """Critic step, then policy step on the updated critic (DDPG's order), then targets.
+
+    Gradient clipping: the critic's gradient norm to the learner's `max_grad_norm` (as DQN);
+    the policy's parameter gradients element-wise to [-1, 1], Ape-X DPG's "gradients clipped
+    to [-1, 1]" read as tf.clip_by_value on the policy's gradients. Not dQ/da: the tanh head
+    already keeps actions in bounds, and Adam normalises the step size, so the clip only tames
+    the direction of the rare outsized updates.
+    """
+
+    def __init__(self, build, config, device: torch.device):
+        self.config = config
+        self.online, self.target = build().to(device), build().to(device)
+        self.target.load_state_dict(self.online.state_dict())
+        self.target.requires_grad_(False)
+        self.critic_optimizer = torch.optim.Adam(
+            self.online.critic.parameters(), lr=config.learning_rate
+        )
+        self.policy_optimizer = torch.optim.Adam(
+            self.online.policy.parameters(),
+            lr=config.learning_rate * POLICY_LEARNING_RATE_SCALE,
+        )
+
+    def update(self, batch, weights, step):
+        online, target = self.online, self.target
+        loss, td_errors, q = critic_loss(
+            online.critic, target.policy, target.critic, batch, weights
+        )
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(online.critic.parameters(), self.config.max_grad_norm)
+        self.critic_optimizer.step()
+
+        # The policy's gradient flows through the critic, which this step must leave alone.
+        online.critic.requires_grad_(False)
+        try:
+            actor_loss = policy_loss(online.policy, online.critic, batch["obs"])
+            self.policy_optimizer.zero_grad(set_to_none=True)
+            actor_loss.backward()
+        finally:
+            online.critic.requires_grad_(True)
+        torch.nn.utils.clip_grad_value_(online.policy.parameters(), POLICY_GRAD_CLIP)
+        self.policy_optimizer.step()
+
+        if TARGET_TAU > 0:
+            with torch.no_grad():
+                torch._foreach_lerp_(
+                    list(target.parameters()), list(online.parameters()), TARGET_TAU
+                )
+        elif step % self.config.target_update_interval == 0:
+            target.load_state_dict(online.state_dict())
+        figures = {
+            "loss": loss.item(),
+            "q_mean": q.mean().item(),
+            "policy_loss": actor_loss.item(),
+        }
+        return td_errors.abs(), figures
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        return state_to_numpy(self.online)
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict]:
+        arrays = {f"online/{k}": v for k, v in state_to_numpy(self.online).items()}
+        arrays |= {f"target/{k}": v for k, v in state_to_numpy(self.target).items()}
+        critic, critic_groups = optimizer_state(self.critic_optimizer, "critic_optimizer")
+        policy, policy_groups = optimizer_state(self.policy_optimizer, "policy_optimizer")
+        meta = {"critic_param_groups": critic_groups, "policy_param_groups": policy_groups}
+        return arrays | critic | policy, meta
+
+    def load_state(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
+        load_numpy_state(self.online, prefixed(arrays, "online"))
+        load_numpy_state(self.target, prefixed(arrays, "target"))
+        load_optimizer_state(
+            self.critic_optimizer, arrays, "critic_optimizer", meta["critic_param_groups"]
+        )
+        load_optimizer_state(
+            self.policy_optimizer, arrays, "policy_optimizer", meta["policy_param_groups"]
+        )
+
+
+class DPG(Algorithm):
+    name = "dpg"
+    exploration_name = "noise_scale"
+
+    def __init__(self, config, spec):
+        if spec.discrete:
+            raise ValueError(
+                f"algorithm: dpg needs a continuous (Box) action space, {spec.env_id} has a"
+                f" Discrete one with {spec.num_actions} actions (use algorithm = dqn)"
+            )
+        super().__init__(config, spec)
+
+    def networks(self) -> ActorCritic:
+        spec = self.spec
+        return build_actor_critic(
+            spec.obs_shape,
+            spec.obs_dtype,
+            spec.action_low,
+            spec.action_high,
+            hidden_sizes(self.config.hidden),
+        )
+
+    def columns(self) -> list[Column]:
+        return nstep_columns(self.spec, np.dtype(np.float32))
+
+    def exploration(self, index: int, count: int) -> float:
+        return noise_ladder(index, count)
+
+    def policy(self) -> DPGPolicy:
+        return DPGPolicy(self.networks(), self.spec.action_low, self.spec.action_high)
+
+    def learning(self, config, device: torch.device) -> DPGLearning:
+        return DPGLearning(self.networks, config, device)

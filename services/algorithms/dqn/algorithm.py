@@ -1,0 +1,108 @@
+"""Ape-X DQN: double DQN with a dueling network on n-step transitions, epsilon-greedy actors."""
+
+import numpy as np
+import torch
+
+from apexrl.algorithms.base import (
+    Algorithm,
+    Column,
+    Learning,
+    Policy,
+    load_optimizer_state,
+    nstep_columns,
+    optimizer_state,
+    prefixed,
+)
+from apexrl.algorithms.dqn.losses import dqn_loss
+from apexrl.algorithms.dqn.networks import QNetwork, build_network
+from apexrl.algorithms.exploration import epsilon_ladder
+from apexrl.algorithms.networks import hidden_sizes, load_numpy_state, state_to_numpy
+
+
+class DQNPolicy(Policy):
+    def __init__(self, net: QNetwork):
+        self.net = net
+
+    def load(self, arrays: dict[str, np.ndarray]) -> None:
+        load_numpy_state(self.net, arrays)
+
+    def act(self, obs: np.ndarray, exploration: float, rng: np.random.Generator) -> np.ndarray:
+        """Epsilon-greedy: a uniformly random action with probability `exploration`."""
+        with torch.no_grad():
+            greedy = self.net(torch.from_numpy(obs)).argmax(1).numpy()
+        if exploration <= 0:
+            return greedy
+        explore = rng.random(len(obs)) < exploration
+        return np.where(explore, rng.integers(self.net.num_actions, size=len(obs)), greedy)
+
+    def priorities(self, columns: dict[str, np.ndarray]) -> np.ndarray:
+        """|TD error| with the actor's own network as both online and target, as in Ape-X."""
+        batch = {name: torch.from_numpy(array) for name, array in columns.items()}
+        with torch.no_grad():
+            _, td_errors, _ = dqn_loss(
+                self.net, self.net, batch, torch.ones(len(columns["action"]))
+            )
+        return td_errors.abs().numpy().astype(np.float32)
+
+
+class DQNLearning(Learning):
+    def __init__(self, build, config, device: torch.device):
+        self.config = config
+        self.online, self.target = build().to(device), build().to(device)
+        self.target.load_state_dict(self.online.state_dict())
+        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=config.learning_rate)
+
+    def update(self, batch, weights, step):
+        loss, td_errors, q = dqn_loss(self.online, self.target, batch, weights)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.config.max_grad_norm)
+        self.optimizer.step()
+        if step % self.config.target_update_interval == 0:
+            self.target.load_state_dict(self.online.state_dict())
+        return td_errors.abs(), {"loss": loss.item(), "q_mean": q.mean().item()}
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        return state_to_numpy(self.online)
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict]:
+        arrays = {f"online/{k}": v for k, v in state_to_numpy(self.online).items()}
+        arrays |= {f"target/{k}": v for k, v in state_to_numpy(self.target).items()}
+        optimizer, groups = optimizer_state(self.optimizer, "optimizer")
+        return arrays | optimizer, {"param_groups": groups}
+
+    def load_state(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
+        load_numpy_state(self.online, prefixed(arrays, "online"))
+        load_numpy_state(self.target, prefixed(arrays, "target"))
+        load_optimizer_state(self.optimizer, arrays, "optimizer", meta["param_groups"])
+
+
+class DQN(Algorithm):
+    name = "dqn"
+    exploration_name = "epsilon"
+
+    def __init__(self, config, spec):
+        if not spec.discrete:
+            raise ValueError(
+                f"algorithm: dqn needs a Discrete action space, {spec.env_id} has a continuous"
+                " one (use algorithm = dpg)"
+            )
+        super().__init__(config, spec)
+
+    def network(self) -> QNetwork:
+        spec = self.spec
+        return build_network(
+            spec.obs_shape, spec.obs_dtype, spec.num_actions, hidden_sizes(self.config.hidden)
+        )
+
+    def columns(self) -> list[Column]:
+        return nstep_columns(self.spec, np.dtype(np.int64))
+
+    def exploration(self, index: int, count: int) -> float:
+        return epsilon_ladder(index, count)
+
+    def policy(self) -> DQNPolicy:
+        return DQNPolicy(self.network())
+
+    def learning(self, config, device: torch.device) -> DQNLearning:
+        return DQNLearning(self.network, config, device)

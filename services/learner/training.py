@@ -1,0 +1,218 @@
+"""The training loop: an algorithm's update step kept busy by two helper threads (Acme's shape).
+
+- prefetch: a server-streamed SampleStream from replay, decoded to tensors on the device into
+  a bounded queue, so the step waits on the network only when replay cannot keep up;
+- train (the caller's thread): the algorithm's update step; it hands new priorities to
+- priorities: writes them back to replay, coalescing what queued up meanwhile, never
+  stalling the step.
+Every publish_interval updates the algorithm's parameters become a new version.
+"""
+
+import logging
+import queue
+import threading
+import time
+
+import numpy as np
+import torch
+
+from apexrl.algorithms.base import Algorithm
+from apexrl.config import LearnerConfig
+from apexrl.learner import checkpoints
+from apexrl.learner.metrics import LearnerMetrics
+from apexrl.learner.parameters import ParameterStore
+from apexrl.replay.client import ReplayClient
+
+log = logging.getLogger(__name__)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class Learner:
+    """An algorithm's Learning, its counters and parameter versions; trains until told to stop."""
+
+    COALESCE = 16  # at most this many updates' priorities go to replay in one call
+
+    def __init__(
+        self,
+        config: LearnerConfig,
+        algorithm: Algorithm,
+        metrics: LearnerMetrics,
+        store: ParameterStore,
+    ):
+        self.config, self.algorithm, self.metrics, self.store = config, algorithm, metrics, store
+        self.device = pick_device(config.device)
+        torch.set_num_threads(config.threads)
+        if config.seed:
+            torch.manual_seed(config.seed)
+        self.learning = algorithm.learning(config, self.device)
+        self.columns = {c.name: c for c in algorithm.columns()}
+        self.update_step = 0
+        self.samples_consumed = 0
+        self.stop = threading.Event()
+        self.helpers: list[threading.Thread] = []
+        meta = (
+            checkpoints.resume(config, algorithm.name, self.learning)
+            if config.checkpoint_dir
+            else None
+        )
+        if meta is not None:
+            self.update_step, self.samples_consumed = meta["update_step"], meta["samples_consumed"]
+            self.publish(version=meta["version"])
+            metrics.update_step.set(self.update_step)
+        if self.store.version == 0:
+            self.publish()
+
+    # --- parameters and checkpoints --------------------------------------------------------
+
+    def publish(self, version: int | None = None) -> None:
+        version = self.store.publish(self.learning.parameters(), self.update_step, version)
+        self.metrics.version.set(version)
+
+    def checkpoint(self) -> None:
+        """Publishes, then writes the algorithm's state and the counters (no pickle)."""
+        if not self.config.checkpoint_dir:
+            return
+        self.publish()  # the checkpoint's online parameters are exactly the newest version
+        counters = {
+            "update_step": self.update_step,
+            "version": self.store.version,
+            "samples_consumed": self.samples_consumed,
+        }
+        try:
+            checkpoints.save(self.config, self.algorithm.name, self.learning, counters)
+        except OSError as err:  # a full or failing disk: keep training on, keep the old files
+            self.metrics.checkpoint_failures.inc()
+            log.error("checkpoint failed, previous ones kept: %s", err)
+
+    # --- training ---------------------------------------------------------------------------
+
+    def check_columns(self, columns: dict[str, np.ndarray]) -> None:
+        """A sampled batch must carry the algorithm's columns (another algorithm's actors, or a
+        table filled for another env, would otherwise fail somewhere deep in the loss)."""
+        got = {name: (a.dtype, a.shape[1:]) for name, a in columns.items()}
+        want = {c.name: (c.dtype, c.shape) for c in self.columns.values()}
+        if got != want:
+            raise ValueError(
+                f"replay columns {got} are not algorithm {self.algorithm.name}'s {want}"
+            )
+
+    def to_device(self, batch) -> tuple[dict[str, torch.Tensor], torch.Tensor, np.ndarray]:
+        columns = {
+            name: torch.from_numpy(np.array(array)).to(self.device, non_blocking=True)
+            for name, array in batch.columns.items()
+        }
+        weights = torch.from_numpy(np.array(batch.weights)).to(self.device, non_blocking=True)
+        return columns, weights, np.array(batch.keys)
+
+    def train(self, replay: ReplayClient) -> None:
+        """Runs until `stop` is set (or max_updates). Call from its own thread."""
+        batches: queue.Queue = queue.Queue(maxsize=self.config.prefetch)
+        priorities: queue.Queue = queue.Queue()
+        threads = [
+            threading.Thread(target=self._prefetch, args=(replay, batches), daemon=True),
+            threading.Thread(target=self._write_priorities, args=(replay, priorities), daemon=True),
+        ]
+        self.helpers = threads  # joined on shutdown: none may be inside gRPC when Python exits
+        for thread in threads:
+            thread.start()
+        waited = busy = 0.0
+        last_checkpoint = time.monotonic()
+        while not self.stop.is_set():
+            if self.config.max_updates and self.update_step >= self.config.max_updates:
+                log.info(
+                    "reached max_updates %d: training stops, parameters still served",
+                    self.update_step,
+                )
+                break
+            started = time.perf_counter()
+            try:
+                item = batches.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            waited += time.perf_counter() - started
+            self.metrics.wait_seconds.inc(time.perf_counter() - started)
+            self._update(*item, priorities)
+            busy += time.perf_counter() - started
+            if self.update_step % 100 == 0:
+                self.metrics.wait_fraction.set(waited / busy if busy else 0.0)
+                waited = busy = 0.0
+            interval = self.config.checkpoint_interval
+            if interval > 0 and time.monotonic() - last_checkpoint > interval:
+                self.checkpoint()
+                last_checkpoint = time.monotonic()
+        priorities.put(None)
+        threads[1].join(10)
+
+    def _update(self, columns, weights, keys, priorities: queue.Queue) -> None:
+        td_errors, figures = self.learning.update(columns, weights, self.update_step + 1)
+        self.update_step += 1
+        self.samples_consumed += len(keys)
+        td_errors = td_errors.cpu().numpy()
+        priorities.put((keys, td_errors + self.config.priority_epsilon))
+        if self.update_step % self.config.publish_interval == 0:
+            self.publish()
+        m = self.metrics
+        m.updates.inc()
+        m.update_step.set(self.update_step)
+        m.samples.inc(len(keys))
+        m.loss.set(figures["loss"])
+        m.td_error.set(float(td_errors.mean()))
+        m.q_mean.set(figures["q_mean"])
+        m.weight_mean.set(float(weights.mean()))
+        m.weight_min.set(float(weights.min()))
+
+    def _prefetch(self, replay: ReplayClient, batches: queue.Queue) -> None:
+        try:
+            checked = False
+            for batch in replay.sample_stream(self.config.batch_size, self.config.beta):
+                if not checked:
+                    self.check_columns(batch.columns)
+                    checked = True
+                item = self.to_device(batch)
+                while not self.stop.is_set():
+                    try:
+                        batches.put(item, timeout=0.5)
+                        break
+                    except queue.Full:
+                        continue
+                if self.stop.is_set():
+                    return
+        except Exception as err:  # surfaced in the training thread
+            if not self.stop.is_set():
+                batches.put(err)
+
+    def _write_priorities(self, replay: ReplayClient, priorities: queue.Queue) -> None:
+        """Writes priorities back, coalescing up to COALESCE updates (or what arrives in 20 ms):
+        a replay call costs far more than a few thousand keys do."""
+        done = False
+        while not done:
+            item = priorities.get()
+            done = item is None
+            pending = [] if done else [item]
+            deadline = time.monotonic() + 0.02
+            while not done and len(pending) < self.COALESCE:
+                try:
+                    item = priorities.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if item is None:
+                    done = True
+                else:
+                    pending.append(item)
+            if pending:
+                keys = np.concatenate([k for k, _ in pending])
+                values = np.concatenate([p for _, p in pending])
+                try:
+                    replay.update_priorities(keys, values)
+                    self.metrics.priority_updates.inc(len(keys))
+                except Exception as err:  # priorities are advisory: log and carry on
+                    if self.stop.is_set():
+                        return
+                    log.warning("priority update of %d keys failed: %s", len(keys), err)

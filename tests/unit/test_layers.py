@@ -1,0 +1,49 @@
+"""The import graph keeps its layers (../shared/ARCHITECTURE.md): services never import each
+other, the algorithm layer imports no service, the replay and the plumbing import neither."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SERVICES = Path(__file__).resolve().parents[2] / "services"
+
+# package under services/ -> apexrl packages its modules must never import
+FORBIDDEN = {
+    "actor": {"learner", "evaluator", "replay.server", "replay.table"},
+    "learner": {"actor", "evaluator", "replay.server", "replay.table"},
+    "evaluator": {"actor", "learner", "replay"},
+    "algorithms": {"actor", "learner", "evaluator", "replay"},
+    "replay": {"actor", "learner", "evaluator", "algorithms"},
+    "common": {"actor", "learner", "evaluator", "algorithms", "replay"},
+}
+
+
+def imported(path: Path) -> set[str]:
+    """Every apexrl module a file imports (at any depth, lazily or not), without 'apexrl.'."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return {n[len("apexrl.") :] for n in names if n.startswith("apexrl.")}
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_no_module_imports_across_its_layer(package):
+    files = sorted((SERVICES / package).rglob("*.py"))
+    assert files, package
+    crossings = [
+        (str(f.relative_to(SERVICES)), name)
+        for f in files
+        for name in sorted(imported(f))
+        if any(name == bad or name.startswith(bad + ".") for bad in FORBIDDEN[package])
+    ]
+    assert not crossings, crossings
+
+
+def test_the_check_sees_an_import_it_forbids(tmp_path):
+    sample = tmp_path / "x.py"
+    sample.write_text("def f():\n    from apexrl.learner.service import build\n")
+    assert "learner.service" in imported(sample)
