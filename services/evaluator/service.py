@@ -26,38 +26,34 @@ from apexrl.config import EvaluatorConfig
 log = logging.getLogger(__name__)
 
 
+class EvaluatorMetrics:
+    def __init__(self, registry: prometheus_client.CollectorRegistry):
+        def metric(kind, name, doc, **kw):
+            return kind(f"apexrl_evaluation_{name}", doc, registry=registry, **kw)
+
+        C, G, H = prometheus_client.Counter, prometheus_client.Gauge, prometheus_client.Histogram
+        self.mean_return = metric(G, "mean_return", "Mean return of the last evaluation.")
+        self.returns = metric(
+            H, "return", "Returns of evaluation episodes.", buckets=RETURN_BUCKETS
+        )
+        self.rounds = metric(C, "rounds", "Evaluations done.")
+        self.version = metric(G, "parameter_version", "Parameter version of the last evaluation.")
+        self.best_mean = metric(
+            G,
+            "best_mean_return",
+            "Score of the best model the learner keeps (mean over both evaluation rounds).",
+        )
+        self.best_version = metric(G, "best_version", "Parameter version of the best model.")
+        self.report_failures = metric(
+            C, "report_failures", "Best-model candidates the learner could not keep (see the log)."
+        )
+
+
 def run(
     config: EvaluatorConfig, registry: prometheus_client.CollectorRegistry, stop: threading.Event
 ) -> None:
     torch.set_num_threads(config.threads)
-    mean_return = prometheus_client.Gauge(
-        "apexrl_evaluation_mean_return", "Mean return of the last evaluation.", registry=registry
-    )
-    returns_hist = prometheus_client.Histogram(
-        "apexrl_evaluation_return", "Returns of evaluation episodes.", registry=registry,
-        buckets=RETURN_BUCKETS,
-    )  # fmt: skip
-    rounds = prometheus_client.Counter(
-        "apexrl_evaluation_rounds", "Evaluations done.", registry=registry
-    )
-    evaluated_version = prometheus_client.Gauge(
-        "apexrl_evaluation_parameter_version",
-        "Parameter version of the last evaluation.",
-        registry=registry,
-    )
-    best_mean = prometheus_client.Gauge(
-        "apexrl_evaluation_best_mean_return",
-        "Score of the best model the learner keeps (mean over both evaluation rounds).",
-        registry=registry,
-    )
-    best_version = prometheus_client.Gauge(
-        "apexrl_evaluation_best_version", "Parameter version of the best model.", registry=registry
-    )
-    report_failures = prometheus_client.Counter(
-        "apexrl_evaluation_report_failures",
-        "Best-model candidates the learner could not keep (see the log).",
-        registry=registry,
-    )
+    m = EvaluatorMetrics(registry)
     algorithm = algorithms.make(config)
     policy = algorithm.policy()
     learner = LearnerClient(config.learner, retry_seconds=1.0, tls=config)
@@ -93,10 +89,10 @@ def run(
             first_seed = next_seed
             returns = play(config.episodes)
             for value in returns:
-                returns_hist.observe(value)
-            mean_return.set(float(returns.mean()))
-            evaluated_version.set(version)
-            rounds.inc()
+                m.returns.observe(value)
+            m.mean_return.set(float(returns.mean()))
+            m.version.set(version)
+            m.rounds.inc()
             log.info(
                 "evaluation of version %d (update %d): mean return %.1f over %d episodes",
                 version, params.update_step, returns.mean(), len(returns),
@@ -115,13 +111,13 @@ def run(
                         epsilon=config.epsilon,
                     )  # fmt: skip
                 except grpc.RpcError as err:
-                    report_failures.inc()
+                    m.report_failures.inc()
                     log.warning("best model candidate version %d not kept: %s", version, err)
                     best = returns.mean()  # only better ones are worth a second round now
                 else:
                     best = answer.best_mean_return
-                    best_mean.set(best)
-                    best_version.set(answer.best_version)
+                    m.best_mean.set(best)
+                    m.best_version.set(answer.best_version)
             stop.wait(max(0.0, config.interval - (time.monotonic() - started)))
     finally:
         learner.close()
