@@ -188,11 +188,7 @@ def build() -> dashboard_models.Dashboard:
             "Each actor's leased exploration parameter over the live actors: epsilon"
             " 0.4^(1 + 7 i/(N-1)) when dqn runs, the Gaussian noise scale"
             " 0.5 (0.05/0.5)^(i/(N-1)) (a fraction of the action half-range) when dpg runs.",
-            [
-                query(
-                    "max by (pod) (apexrl_actor_epsilon or apexrl_actor_noise_scale)", "{{pod}}"
-                )
-            ],
+            [query("max by (pod) (apexrl_actor_epsilon or apexrl_actor_noise_scale)", "{{pod}}")],
             span=THIRD,
             log_scale=True,
         )
