@@ -304,7 +304,7 @@ def _monitor(
                         f"eval {row['eval_mean_return']:.1f}")  # fmt: skip
                 print(("\r" + line + "   ") if tty else line, end="" if tty else "\n", flush=True)
                 last_print = row["seconds"]
-            if row["eval_best_mean_return"] >= target:  # NaN (no best model yet) compares False
+            if row["eval_best_version"] > 0 and row["eval_best_mean_return"] >= target:
                 return (
                     f"solved in {row['seconds']:.1f} s ({_format_count(row['env_steps'])} env steps)",
                     0,
@@ -333,13 +333,15 @@ def _collect(run: Run, seconds: float, previous: dict | None) -> dict:
         "eval_mean_return": totals.get("apexrl_evaluation_mean_return", 0.0),
         "eval_rounds": totals.get("apexrl_evaluation_rounds_total", 0.0),
         # The best model the learner keeps: its score over both evaluation rounds.
-        "eval_best_mean_return": totals.get("apexrl_evaluation_best_mean_return", math.nan),
         "eval_best_version": totals.get("apexrl_evaluation_best_version", 0.0),
         "parameter_version": totals.get("apexrl_learner_parameter_version", 0.0),
         "loss": totals.get("apexrl_learner_loss", math.nan),
         "prefetch_wait_fraction": totals.get("apexrl_learner_prefetch_wait_fraction", math.nan),
         "transitions_dropped": totals.get("apexrl_actor_transitions_dropped_total", 0.0),
     }
+    # A gauge reads 0 before it is set: no best model yet is NaN, not a score of 0.
+    best = totals.get("apexrl_evaluation_best_mean_return", math.nan)
+    row["eval_best_mean_return"] = best if row["eval_best_version"] > 0 else math.nan
     dt = seconds - previous["seconds"] if previous else seconds
     for key in ("env_steps", "updates"):
         before = previous[key] if previous else 0.0

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 
 import psutil
 import pytest
@@ -16,10 +17,12 @@ from tests.conftest import wait_for
 pytestmark = pytest.mark.slow
 
 TARGET = 475.0  # CartPole-v1's threshold
-# benchmarks/time_to_solve.py (README): 5/5 seeds solved, the slowest in BUDGET_NOTE; this
-# budget leaves room for a CI machine busier than the one that measured it, no more.
+# benchmarks/time_to_solve.py on 2026-12-01, beside a CI run: CartPole 5/5 seeds solved in
+# 11.7-57.0 s (median 17.9 s); Pendulum with dpg in 32.5 s. The budget is about twice the
+# slowest: room for a busier machine, not 20x what the benchmark shows.
 BUDGET = 120
 FRESH_EPISODES = 100
+PENDULUM_TARGET = -200.0  # local mode's default for Pendulum-v1 (gymnasium gives it none)
 
 
 def leftover_processes(marker: str) -> list[psutil.Process]:
@@ -72,6 +75,32 @@ def test_local_mode_solves_cartpole_and_the_saved_model_solves_on_fresh_seeds(tm
     assert f", version {version} (update " in played.stdout.splitlines()[0], played.stdout
     mean = re.search(rf"^mean ([\d.]+), .* over {FRESH_EPISODES} episodes$", played.stdout, re.M)
     assert mean and float(mean.group(1)) >= 0.95 * TARGET, played.stdout
+
+
+def test_local_mode_solves_pendulum_with_dpg(tmp_path):
+    """One setting switches the stack to Ape-X DPG; its best model holds on fresh seeds."""
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "apexrl.cli", "local", "--algorithm", "dpg", "--env", "Pendulum-v1",
+         "--run-dir", str(run_dir), "--max-seconds", str(BUDGET), "--seed", "1"],
+        capture_output=True, text=True, timeout=BUDGET + 300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1].startswith("solved in "), result.stdout[-2000:]
+    _, meta, _ = checkpoint.load_newest(run_dir / "checkpoints", "best")
+    assert meta["mean_return"] >= PENDULUM_TARGET and meta["protocol"]["episodes"] == 60
+    assert tomllib.loads((run_dir / "config.toml").read_text())["algorithm"] == "dpg"
+    played = subprocess.run(
+        [sys.executable, "-m", "apexrl.cli", "eval", "--checkpoint", str(run_dir / "checkpoints"),
+         "--episodes", str(FRESH_EPISODES)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert played.returncode == 0, played.stderr
+    mean = re.search(rf"^mean (-?[\d.]+), .* over {FRESH_EPISODES} episodes$", played.stdout, re.M)
+    # Pendulum's returns spread wide (a hard start costs ~-350 where an easy one is ~0; a random
+    # policy scores ~-1,200): on unseen seeds the best model stays within 25% of the target
+    # (measured: -143.3 over its 60 evaluation episodes, -159.3 over 100 fresh ones).
+    assert mean and float(mean.group(1)) >= 1.25 * PENDULUM_TARGET, played.stdout
 
 
 def test_local_mode_stops_every_child_on_sigint(tmp_path):
