@@ -190,7 +190,8 @@ class ParameterPuller:
                 continue
             backoff.reset()
             self._wanted.clear()
-            self.metrics.lag.set(params.version - self.version)
+            if self.version:  # an actor's first pull is not lag (it held no version)
+                self.metrics.lag.set(params.version - self.version)
             if params.arrays:
                 self.version, self.lineage = params.version, params.lineage
             with self._lock:
