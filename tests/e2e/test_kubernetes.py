@@ -576,14 +576,25 @@ def test_every_dashboard_query_returns_data(deployment):
     spec.loader.exec_module(module)
     if not hasattr(module, "panel_queries"):
         pytest.skip("deploy/grafana/dashboard.py has no panel_queries()")
-    empty = []
-    for query in module.panel_queries():
-        expr = query if isinstance(query, str) else query[-1]
-        expr = re.sub(
-            r"\$__(rate_interval|interval|range)|\$\{__(rate_interval|interval|range)\}", "1m", expr
+    exprs = [
+        re.sub(
+            r"\$__(rate_interval|interval|range)|\$\{__(rate_interval|interval|range)\}",
+            "1m",
+            query if isinstance(query, str) else query[-1],
         )
-        if not deployment.query(expr):
-            empty.append(expr)
+        for query in module.panel_queries()
+    ]
+    empty: list[str] = []
+
+    def every_query_has_data() -> bool:
+        empty[:] = [expr for expr in exprs if not deployment.query(expr)]
+        return not empty
+
+    # A rate() over a pod that the scaling test started moments ago has data once Prometheus
+    # scraped it twice (5 s apart): wait for that, a bounded time, instead of asking once.
+    deadline = time.monotonic() + 60  # then the assertion names the queries still empty
+    wait_for(lambda: every_query_has_data() or time.monotonic() > deadline, 90,
+             "dashboard data", interval=5)  # fmt: skip
     assert not empty, f"dashboard queries without data: {empty}"
 
 

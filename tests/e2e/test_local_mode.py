@@ -60,9 +60,11 @@ def test_local_mode_solves_cartpole_and_the_saved_model_solves_on_fresh_seeds(tm
     with open(run_dir / "metrics.csv") as fh:
         last_row = list(csv.DictReader(fh))[-1]
     assert float(last_row["eval_best_mean_return"]) >= TARGET, last_row
-    assert int(float(last_row["eval_best_version"])) == version
+    # The final line names the best model kept when every service had stopped: the version
+    # that reached the target, or one that beat it while the evaluator was stopping.
     _, meta, _ = checkpoint.load_newest(run_dir / "checkpoints", "best")
-    assert meta["version"] == version and meta["mean_return"] >= TARGET
+    assert meta["version"] == version >= int(float(last_row["eval_best_version"]))
+    assert meta["mean_return"] >= float(last_row["eval_best_mean_return"]) >= TARGET
     assert meta["protocol"]["episodes"] == 60 and len(meta["returns"]) == 60
 
     # The saved model solves on episodes the evaluator never played (seeds from 1,000,000).
