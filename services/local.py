@@ -306,7 +306,9 @@ def _monitor(
                 last_print = row["seconds"]
             if row["eval_best_version"] > 0 and row["eval_best_mean_return"] >= target:
                 return (
-                    f"solved in {row['seconds']:.1f} s ({_format_count(row['env_steps'])} env steps)",
+                    f"solved in {row['seconds']:.1f} s ({_format_count(row['env_steps'])} env steps)"
+                    f" by version {row['eval_best_version']:.0f}"
+                    f" (mean return {row['eval_best_mean_return']:.1f})",
                     0,
                 )
             if row["seconds"] > config.max_seconds or (

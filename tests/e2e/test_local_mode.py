@@ -45,10 +45,10 @@ def test_local_mode_solves_cartpole_and_the_saved_model_solves_on_fresh_seeds(tm
     )  # fmt: skip
     last_line = result.stdout.strip().splitlines()[-1]
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    solved = re.fullmatch(r"solved in [\d.]+ s \([\d,]+ env steps\); best model: version (\d+) .*",
-                          last_line)  # fmt: skip
+    solved = re.fullmatch(r"solved in [\d.]+ s \([\d,]+ env steps\) by version (\d+) \(mean return"
+                          r" [\d.]+\); best model: version (\d+) .*", last_line)  # fmt: skip
     assert solved, last_line
-    version = int(solved.group(1))
+    solver, version = int(solved.group(1)), int(solved.group(2))
     for name in ("config.toml", "metrics.csv", "learning_curve.png"):
         assert (run_dir / name).stat().st_size > 0
     assert list((run_dir / "checkpoints").glob("learner-*.ckpt"))
@@ -60,10 +60,11 @@ def test_local_mode_solves_cartpole_and_the_saved_model_solves_on_fresh_seeds(tm
     with open(run_dir / "metrics.csv") as fh:
         last_row = list(csv.DictReader(fh))[-1]
     assert float(last_row["eval_best_mean_return"]) >= TARGET, last_row
-    # The final line names the best model kept when every service had stopped: the version
-    # that reached the target, or one that beat it while the evaluator was stopping.
+    assert int(float(last_row["eval_best_version"])) == solver
+    # The final line then names the best model kept when every service had stopped: the
+    # solving version, or one that beat its score while the evaluator was stopping.
     _, meta, _ = checkpoint.load_newest(run_dir / "checkpoints", "best")
-    assert meta["version"] == version >= int(float(last_row["eval_best_version"]))
+    assert meta["version"] == version >= solver
     assert meta["mean_return"] >= float(last_row["eval_best_mean_return"]) >= TARGET
     assert meta["protocol"]["episodes"] == 60 and len(meta["returns"]) == 60
 
