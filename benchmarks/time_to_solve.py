@@ -97,7 +97,7 @@ def run_apexrl(task: dict, seed: int, budget: float, workdir: Path) -> dict:
         "solved": bool(match),
         "seconds": float(match.group(1)) if match else None,
         "env_steps": int(match.group(2).replace(",", "")) if match else None,
-        "first_10_episode_475_seconds": float(first_10["seconds"]) if first_10 else None,
+        "first_10_episode_target_seconds": float(first_10["seconds"]) if first_10 else None,
         **fresh,
         "process_wall_seconds": round(wall, 1),
         "env_steps_per_s": round(float(rows[-1]["env_steps"]) / seconds, 1) if seconds else 0.0,
@@ -208,7 +208,7 @@ def run_sb3(task: dict, seed: int, budget: float, max_steps: int) -> dict:
         "solved": solved,
         "seconds": round(callback.solved_at[0], 1) if solved else None,
         "env_steps": callback.solved_at[1] if solved else None,
-        "first_10_episode_475_seconds": (
+        "first_10_episode_target_seconds": (
             round(callback.first_10, 1) if callback.first_10 is not None else None
         ),
         **fresh,
@@ -226,9 +226,9 @@ def summarize(runs: list[dict]) -> dict:
         "median_env_steps": statistics.median(r["env_steps"] for r in solved) if solved else None,
         "fresh_100_means": [r.get("fresh_100_mean") for r in solved],
         "fresh_100_worst": min((r.get("fresh_100_mean") or 0.0 for r in solved), default=None),
-        "median_first_10_episode_475_seconds": statistics.median(
-            [r["first_10_episode_475_seconds"] for r in runs]
-        ) if all(r["first_10_episode_475_seconds"] is not None for r in runs) else None,
+        "median_first_10_episode_target_seconds": statistics.median(
+            [r["first_10_episode_target_seconds"] for r in runs]
+        ) if all(r["first_10_episode_target_seconds"] is not None for r in runs) else None,
     }  # fmt: skip
 
 
