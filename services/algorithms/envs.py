@@ -29,10 +29,11 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-# Histogram buckets for episode returns (actor and evaluator metrics): CartPole (0..500),
-# Acrobot and Pendulum (negative), MountainCarContinuous (..100), Atari scores above.
-RETURN_BUCKETS = (-1500, -1000, -500, -200, -100, 0, 10, 25, 50, 100, 200, 300, 400, 475, 500,
-                  1000, 5000, 20000)  # fmt: skip
+# Histogram buckets for episode returns (actor and evaluator metrics): CartPole (0..500), Atari
+# scores above. No negative bounds: prometheus_client drops a histogram's _sum when its lowest
+# bound is negative, and the dashboards' mean returns are _sum / _count; negative returns
+# (Acrobot, Pendulum) land in the first bucket and still count in _sum.
+RETURN_BUCKETS = (0, 10, 25, 50, 100, 200, 300, 400, 475, 500, 1000, 5000, 20000)
 
 
 @dataclass(frozen=True)
