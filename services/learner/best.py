@@ -42,10 +42,9 @@ class BestModel:
         kept = read_best(config.checkpoint_dir)
         if kept is not None:
             self.version, self.mean_return = kept[0]["version"], kept[0]["mean_return"]
-            log.info("best model so far: version %d, mean return %.1f", *self.best())
-
-    def best(self) -> tuple[int, float]:
-        return self.version, self.mean_return
+            log.info(
+                "best model so far: version %d, mean return %.1f", self.version, self.mean_return
+            )
 
     def _decode(self, request: learner_pb2.ReportEvaluationRequest) -> dict[str, np.ndarray]:
         if request.version == 0:
