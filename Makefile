@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[local,test,bench]"
+	$(PY) -m pip install -q -e ".[local,continuous,atari,test,bench]"
 	touch $@
 
 run: setup

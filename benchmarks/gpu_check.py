@@ -1,28 +1,29 @@
-"""The learner's CUDA path in one short script: prints figures, asserts nothing.
+"""The learner's device path in one short script: prints figures, asserts nothing.
 
-    .venv/bin/python benchmarks/gpu_check.py     # on a machine with an NVIDIA GPU
+    .venv/bin/python benchmarks/gpu_check.py     # on a machine with an NVIDIA GPU (or CPU)
 
-Builds the learner on --device auto and prints one JSON line per batch shape (CartPole and
-Atari): device, and whether the CUDA result matches the CPU result on the same batch (same
-weights, same step), and two rates:
-- learner_updates_per_s, the headline: what the learner's training thread does per update,
-  through its own code (Learner.to_device and Learner._update): copy a sampled batch from host
-  memory to the device, the double-DQN step, new priorities back to the host (a sync), target
-  sync and publishing at their intervals.
-- ceiling_updates_per_s: the SGD step alone on a batch already on the device, no per-update
-  sync: a ceiling, not what the learner reaches.
+Builds the learner on --device auto through its own code, for CartPole (MLP, batch 256) and
+Atari (ALE/Pong-v5: Nature CNN, batch 512, compressed frames), and prints one JSON line each:
+- input_batches_per_s: the input pipeline alone (Learner.to_device: zstd frames decompressed,
+  pinned memory and the copy to the device on CUDA), what the prefetch thread does per batch;
+- learner_updates_per_s, the headline: the training thread's per-update work
+  (Learner._update on a batch already decoded: the double-DQN step, new priorities back to
+  the host, a sync, target syncs and publishing at their intervals);
+- max_td_difference_vs_cpu: the same update's TD errors on the device and on the CPU.
+The last line is one JSON object: gpu_learner_updates_per_s (Atari, batch 512) and the rest.
 """
 
 import json
 import queue
 import time
+from functools import partial
 
 import numpy as np
 import prometheus_client
 import torch
 
-from apexrl.algorithms.dqn.losses import dqn_loss
-from apexrl.algorithms.dqn.networks import build_network
+from apexrl import algorithms
+from apexrl.algorithms.columns import pack
 from apexrl.algorithms.networks import load_numpy_state, state_to_numpy
 from apexrl.config import LearnerConfig
 from apexrl.learner.metrics import LearnerMetrics
@@ -31,84 +32,87 @@ from apexrl.learner.training import Learner, pick_device
 from apexrl.replay.client import SampledBatch
 
 
-def batch(shape, dtype, size, device):
+def sampled_batch(algorithm, size: int) -> SampledBatch:
+    """A batch as replay would return it: the algorithm's columns, frames compressed."""
     rng = np.random.default_rng(0)
-    make = (lambda s: rng.integers(0, 255, s, dtype=np.uint8)) if dtype == np.uint8 else (
-        lambda s: rng.normal(size=s).astype(np.float32))  # fmt: skip
-    columns = {"obs": make((size, *shape)), "next_obs": make((size, *shape)),
-               "action": rng.integers(0, 2, size), "reward": np.ones(size, np.float32),
-               "discount": np.full(size, 0.97, np.float32)}  # fmt: skip
-    return {k: torch.from_numpy(v).to(device) for k, v in columns.items()}
+    spec = algorithm.spec
+    if spec.obs_dtype == np.uint8:  # game-like frames: background with a few bright pixels
+        obs = ((rng.random((size, *spec.obs_shape)) < 0.02) * 200).astype(np.uint8)
+    else:
+        obs = rng.normal(size=(size, *spec.obs_shape)).astype(np.float32)
+    fields = {
+        "obs": obs,
+        "action": rng.integers(0, spec.num_actions, size),
+        "reward": np.ones(size, np.float32),
+        "discount": np.full(size, 0.97, np.float32),
+        "next_obs": np.roll(obs, 1, axis=0),
+    }
+    return SampledBatch(pack(fields, algorithm.columns()), np.arange(size),
+                        np.full(size, 1 / size), np.ones(size, np.float32), size)  # fmt: skip
 
 
-def learner_updates_per_s(device, shape, dtype, size, seconds=3.0) -> float:
-    """Updates/s of the learner's own per-update path, from host-memory batches."""
-    config = LearnerConfig(env="CartPole-v1", device=str(device), threads=torch.get_num_threads())
-    learner = Learner(
-        config, LearnerMetrics(prometheus_client.CollectorRegistry()), ParameterStore()
-    )
-    if shape != (4,):  # another observation shape: the same learner with networks for it
-        learner.online, learner.target = (
-            build_network(shape, dtype, 2).to(device) for _ in range(2)
-        )
-        learner.optimizer = torch.optim.Adam(learner.online.parameters(), lr=1e-3)
-    host = {k: v.numpy() for k, v in batch(shape, dtype, size, "cpu").items()}
-    sampled = SampledBatch(columns=host, keys=np.arange(size), probabilities=np.ones(size),
-                           weights=np.ones(size, np.float32), table_size=size)  # fmt: skip
-    priorities: queue.Queue = queue.Queue()
+def learner_for(env: str, device: torch.device, size: int) -> Learner:
+    # One CPU thread per process is what the services use on CPU (threads oversubscribed on a
+    # busy machine slow torch down several times); a GPU learner's CPU threads matter little.
+    threads = torch.get_num_threads() if device.type == "cuda" else 1
+    config = LearnerConfig(env=env, device=str(device), batch_size=size, threads=threads)
+    metrics = LearnerMetrics(prometheus_client.CollectorRegistry())
+    return Learner(config, algorithms.make(config), metrics, ParameterStore())
+
+
+def rate(fn, seconds: float, sync) -> float:
+    fn()  # warm-up (cuDNN autotuning, allocations)
+    sync()
     done, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
-        learner._update(*learner.to_device(sampled), priorities)
-        priorities.get_nowait()  # the writer thread's job; here only emptied
+        fn()
         done += 1
+    sync()
     return done / (time.perf_counter() - started)
 
 
-def updates_per_s(device, shape, dtype, size, seconds=3.0):
-    online, target = (build_network(shape, dtype, 2).to(device) for _ in range(2))
-    optimizer = torch.optim.Adam(online.parameters(), lr=1e-3)
-    data, weights = batch(shape, dtype, size, device), torch.ones(size, device=device)
-    done, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        loss, _, _ = dqn_loss(online, target, data, weights)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        done += 1
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return done / (time.perf_counter() - started)
+def td_difference_vs_cpu(learner: Learner, cpu: Learner, sampled: SampledBatch) -> float:
+    """Largest |difference| of one update's TD errors on the learner's device and on the CPU,
+    from the same weights and batch."""
+    for source, target in ((learner.learning.online, cpu.learning.online),
+                           (learner.learning.target, cpu.learning.target)):  # fmt: skip
+        load_numpy_state(target, state_to_numpy(source))
+    td_device, _ = learner.learning.update(*learner.to_device(sampled)[:2], 1)
+    td_cpu, _ = cpu.learning.update(*cpu.to_device(sampled)[:2], 1)
+    return float((td_device.cpu() - td_cpu).abs().max())
 
 
-def same_step_on_cpu_and(device, shape, dtype, size) -> float:
-    """Largest |difference| of the TD errors of one update computed on CPU and on `device`."""
-    cpu_net, cpu_target = build_network(shape, dtype, 2), build_network(shape, dtype, 2)
-    dev_net, dev_target = (
-        build_network(shape, dtype, 2).to(device),
-        build_network(shape, dtype, 2).to(device),
-    )
-    load_numpy_state(dev_net, state_to_numpy(cpu_net))
-    load_numpy_state(dev_target, state_to_numpy(cpu_target))
-    _, td_cpu, _ = dqn_loss(cpu_net, cpu_target, batch(shape, dtype, size, "cpu"), torch.ones(size))
-    _, td_dev, _ = dqn_loss(
-        dev_net, dev_target, batch(shape, dtype, size, device), torch.ones(size, device=device)
-    )
-    return float((td_cpu - td_dev.cpu()).abs().max())
-
-
-def main() -> None:
+def main(seconds: float = 5.0) -> None:
     device = pick_device("auto")
-    for name, shape, dtype, size in (
-        ("cartpole", (4,), np.float32, 256),
-        ("atari", (84, 84, 4), np.uint8, 32),
-    ):
-        print(json.dumps({
-            "shape": name, "device": str(device),
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "learner_updates_per_s": round(learner_updates_per_s(device, shape, dtype, size), 1),
-            "ceiling_updates_per_s": round(updates_per_s(device, shape, dtype, size), 1),
-            "max_td_difference_vs_cpu": same_step_on_cpu_and(device, shape, dtype, size),
-        }), flush=True)  # fmt: skip
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    figures = {"device": str(device)}
+    if device.type == "cuda":
+        figures["cuda"] = torch.cuda.get_device_name(0)
+    for name, env, size in (("cartpole", "CartPole-v1", 256), ("atari", "ALE/Pong-v5", 512)):
+        learner = learner_for(env, device, size)
+        sampled = sampled_batch(learner.algorithm, size)
+        item = learner.to_device(sampled)
+        priorities: queue.Queue = queue.Queue()
+
+        def update(learner=learner, item=item, priorities=priorities):
+            learner._update(*item, priorities)
+            priorities.get_nowait()  # the writer thread's job; here only emptied
+
+        line = {
+            "shape": name,
+            "batch": size,
+            "input_batches_per_s": round(rate(partial(learner.to_device, sampled), seconds, sync), 1),
+            "learner_updates_per_s": round(rate(update, seconds, sync), 1),
+            "max_td_difference_vs_cpu": td_difference_vs_cpu(
+                learner, learner_for(env, torch.device("cpu"), size), sampled
+            ),
+        }  # fmt: skip
+        print(json.dumps(line), flush=True)
+        figures[f"{name}_learner_updates_per_s"] = line["learner_updates_per_s"]
+        figures[f"{name}_input_batches_per_s"] = line["input_batches_per_s"]
+    key = "gpu_learner_updates_per_s" if device.type == "cuda" else "cpu_learner_updates_per_s"
+    figures[key] = figures["atari_learner_updates_per_s"]
+    print(json.dumps(figures), flush=True)
 
 
 if __name__ == "__main__":

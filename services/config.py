@@ -77,6 +77,12 @@ class AgentConfig:
     hidden: str = option("128,128", "hidden layer sizes of the MLP torso (vector observations)")
     gamma: float = option(0.99, "discount factor")
     n_step: int = option(3, "n of the n-step returns the actors build")
+    sticky_actions: float = option(
+        0.25, "Atari: probability the emulator repeats the previous action (ALE v5's default)"
+    )
+    full_action_space: bool = option(
+        False, "Atari: act in all 18 actions instead of the game's minimal set"
+    )
     seed: int = option(0, "random seed (0: from the OS); actors and envs derive theirs from it")
     priority_epsilon: float = option(
         1e-3, "priority = |TD error| + this (actors' initial ones and the learner's updates)"
@@ -148,6 +154,9 @@ class ActorConfig(AgentConfig, ClientTLSConfig, ProcessConfig):
     num_envs: int = option(8, "environments stepped together (batched inference)")
     pull_interval: int = option(400, "env steps between parameter pulls (Ape-X: 400)")
     insert_batch: int = option(64, "transitions per insert")
+    life_loss_terminal: bool = option(
+        False, "Atari: a lost life ends the n-step returns (training only; the game goes on)"
+    )
     buffer_limit: int = option(
         100_000, "transitions held while replay is unreachable; beyond, the oldest are dropped"
     )

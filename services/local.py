@@ -24,10 +24,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import gymnasium as gym
 from prometheus_client.parser import text_string_to_metric_families
 
 from apexrl import config as cfg
+from apexrl.algorithms.envs import is_atari, reward_threshold
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,17 @@ SERVICE_DEFAULTS = {
     "actor": {},
     "evaluator": {},
 }
+# On top of those for Atari (ALE/... ids): the CNN learner's settings after CleanRL's DQN Atari
+# (Adam 1e-4, batch 32, the target synced every 1,000 env steps of its single actor, i.e. 250
+# of its updates; an update of 32 takes ~0.15 s on one core here), 2 replays per transition so
+# the actors keep pace with a CPU learner, and short evaluations (a Pong episode is 800+ agent
+# steps).
+ATARI_DEFAULTS = {
+    "replay": {"min_size_to_sample": 2_000, "samples_per_insert": 2.0, "error_buffer": 4_000.0},
+    "learner": {"batch_size": 32, "learning_rate": 1e-4, "target_update_interval": 250},
+    "actor": {"num_envs": 4},
+    "evaluator": {"episodes": 2, "confirm_episodes": 4, "interval": 30.0},
+}
 
 
 # Targets for envs gymnasium gives no reward_threshold (mean return of the best model).
@@ -53,10 +64,11 @@ TARGETS = {"Pendulum-v1": -200.0}
 
 
 def signature(config: cfg.AgentConfig) -> str:
-    """The replay `signature` setting for the algorithm's transitions on the env."""
+    """The replay `signature` setting for the algorithm's transitions on the env (torch-free:
+    the parent process of local mode never imports torch)."""
     from apexrl import algorithms
 
-    return ",".join(column.spec() for column in algorithms.make(config).columns())
+    return ",".join(column.spec() for column in algorithms.transition_columns(config))
 
 
 def dump_toml(data: dict) -> str:
@@ -118,8 +130,10 @@ class Run:
         (run_dir / "ready").mkdir(exist_ok=True)
         agent = {f.name: getattr(config, f.name) for f in dataclasses.fields(cfg.AgentConfig)}
         settings = {**agent, "log_level": config.log_level}
+        atari = is_atari(config.env)
         for section, defaults in SERVICE_DEFAULTS.items():
-            settings[section] = {**defaults, **user_file.get(section, {})}
+            extra = ATARI_DEFAULTS[section] if atari else {}
+            settings[section] = {**defaults, **extra, **user_file.get(section, {})}
         settings["learner"].setdefault("checkpoint_dir", str(run_dir / "checkpoints"))
         # The replay takes only the algorithm's columns: a misconfigured actor is refused,
         # naming the column, instead of poisoning the table.
@@ -226,6 +240,7 @@ def plot(rows: list[dict], path: Path, target: float) -> None:
 
 
 FIELDS = ["seconds", "env_steps", "env_steps_per_s", "updates", "updates_per_s", "replay_size",
+          "replay_bytes_per_item",
           "eval_mean_return", "eval_rounds", "eval_best_mean_return", "eval_best_version",
           "parameter_version", "loss", "prefetch_wait_fraction",
           "transitions_dropped"]  # fmt: skip
@@ -243,7 +258,7 @@ def main(argv: list[str]) -> int:
             user_file = tomllib.load(fh)
     target = config.target_return
     if math.isnan(target):
-        target = TARGETS.get(config.env, gym.spec(config.env).reward_threshold)
+        target = TARGETS.get(config.env, reward_threshold(config.env))
     if target is None:
         sys.exit(f"apexrl local: {config.env} has no reward_threshold: pass --target-return")
     run_dir = Path(config.run_dir or f"runs/{config.env}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -315,8 +330,13 @@ def _monitor(
                 config.max_env_steps and row["env_steps"] > config.max_env_steps
             ):
                 return (f"not solved in {row['seconds']:.1f} s ({_format_count(row['env_steps'])} env steps): "
-                        f"best evaluation {max(r['eval_mean_return'] for r in rows):.1f} < {target:g}"), 1  # fmt: skip
+                        f"best evaluation {max((r['eval_mean_return'] for r in rows), key=_score):.1f} < {target:g}"), 1  # fmt: skip
     return "", 130
+
+
+def _score(value: float) -> float:
+    """Orders scores with NaN (no evaluation yet) below every real one."""
+    return -math.inf if math.isnan(value) else value
 
 
 def _collect(run: Run, seconds: float, previous: dict | None) -> dict:
@@ -332,6 +352,11 @@ def _collect(run: Run, seconds: float, previous: dict | None) -> dict:
         "env_steps": totals.get("apexrl_actor_env_steps_total", 0.0),
         "updates": totals.get("apexrl_learner_update_step", 0.0),
         "replay_size": totals.get("apexrl_replay_size", 0.0),
+        "replay_bytes_per_item": round(
+            totals.get("apexrl_replay_stored_bytes", 0.0)
+            / max(totals.get("apexrl_replay_size", 0.0), 1.0),
+            1,
+        ),
         "eval_mean_return": totals.get("apexrl_evaluation_mean_return", 0.0),
         "eval_rounds": totals.get("apexrl_evaluation_rounds_total", 0.0),
         # The best model the learner keeps: its score over both evaluation rounds.
@@ -341,7 +366,9 @@ def _collect(run: Run, seconds: float, previous: dict | None) -> dict:
         "prefetch_wait_fraction": totals.get("apexrl_learner_prefetch_wait_fraction", math.nan),
         "transitions_dropped": totals.get("apexrl_actor_transitions_dropped_total", 0.0),
     }
-    # A gauge reads 0 before it is set: no best model yet is NaN, not a score of 0.
+    # A gauge reads 0 before it is set: no evaluation (or best model) yet is NaN, not a score of 0.
+    if not row["eval_rounds"]:
+        row["eval_mean_return"] = math.nan
     best = totals.get("apexrl_evaluation_best_mean_return", math.nan)
     row["eval_best_mean_return"] = best if row["eval_best_version"] > 0 else math.nan
     dt = seconds - previous["seconds"] if previous else seconds
@@ -374,6 +401,7 @@ def eval_main(argv: list[str]) -> int:
     """apexrl eval --checkpoint PATH: plays a saved policy greedily (by default the best model)."""
     from apexrl import algorithms
     from apexrl.algorithms.base import prefixed
+    from apexrl.algorithms.envs import EnvOptions
     from apexrl.algorithms.evaluation import evaluate
     from apexrl.common import checkpoint
     from apexrl.learner.best import KIND as BEST
@@ -395,7 +423,8 @@ def eval_main(argv: list[str]) -> int:
     )
     policy = algorithms.make(agent).policy()
     policy.load(prefixed(arrays, "online"))
-    returns = evaluate(policy, agent.env, config.episodes, config.seed, config.epsilon)
+    options = EnvOptions.of(agent)
+    returns = evaluate(policy, agent.env, config.episodes, config.seed, config.epsilon, options)
     what = f"{path}: {agent.env}, version {meta['version']} (update {meta['update_step']})"
     if "mean_return" in meta:  # a best model: say what earned it
         p = meta["protocol"]

@@ -246,6 +246,54 @@ def build() -> dashboard_models.Dashboard:
         )
     )
     builder.with_panel(
+        graph(
+            "Bytes per stored item",
+            "Replay memory per item: columns, compressed frames, keys, priorities, sum tree.",
+            [
+                query(
+                    "sum by (table) (apexrl_replay_stored_bytes) / "
+                    "sum by (table) (apexrl_replay_size)",
+                    "{{table}}",
+                )
+            ],
+            unit="bytes",
+            span=THIRD,
+        )
+    )
+    builder.with_panel(
+        graph(
+            "Frame compression ratio",
+            "Observation bytes before over after the actors' zstd compression (Atari; empty"
+            " for envs whose observations are not compressed).",
+            [
+                query(
+                    "sum(rate(apexrl_actor_frame_raw_bytes_total[1m])) / "
+                    "sum(rate(apexrl_actor_frame_compressed_bytes_total[1m]))",
+                    "ratio",
+                )
+            ],
+            span=THIRD,
+        )
+    )
+    builder.with_panel(
+        graph(
+            "Frame decode time per batch",
+            "Seconds the learner's input pipeline spends decompressing one sampled batch (off"
+            " the training thread), and sampled items dropped because their frames did not"
+            " decode.",
+            [
+                query(
+                    "sum(rate(apexrl_learner_decode_seconds_total[1m])) / "
+                    "sum(rate(apexrl_learner_updates_total[1m]))",
+                    "seconds per batch",
+                ),
+                query("sum(rate(apexrl_learner_decode_failures_total[1m]))", "dropped items/s"),
+            ],
+            unit="s",
+            span=THIRD,
+        )
+    )
+    builder.with_panel(
         bucket_heatmap(
             "Priority distribution",
             "Priorities of the stored items (apexrl_replay_priority, a gauge histogram).",

@@ -23,8 +23,15 @@ import torch
 
 from apexrl import algorithms
 from apexrl.actor.nstep import NStepAdder
-from apexrl.algorithms.envs import RETURN_BUCKETS, final_observations, make_vector_env
+from apexrl.algorithms.columns import pack
+from apexrl.algorithms.envs import (
+    RETURN_BUCKETS,
+    EnvOptions,
+    final_observations,
+    make_vector_env,
+)
 from apexrl.common.backoff import Backoff
+from apexrl.common.codec import Packed
 from apexrl.common.learner_client import LearnerClient, Parameters
 from apexrl.config import ActorConfig
 from apexrl.replay.client import ReplayClient
@@ -73,6 +80,12 @@ class ActorMetrics:
         )
         self.buffered = metric(G, "transitions_buffered", "Transitions waiting to be inserted.")
         self.pull_failures = metric(C, "parameter_pull_failures", "Parameter pulls that failed.")
+        self.frame_raw_bytes = metric(
+            C, "frame_raw_bytes", "Bytes of the observations compressed (Atari), before."
+        )
+        self.frame_compressed_bytes = metric(
+            C, "frame_compressed_bytes", "Bytes of the observations compressed (Atari), after."
+        )
 
 
 class InsertBuffer:
@@ -219,7 +232,10 @@ def run(
     rng = np.random.default_rng(seed)
     algorithm = algorithms.make(config)
     policy = algorithm.policy()
-    envs, obs = make_vector_env(config.env, config.num_envs, seed % 2**31)
+    columns_spec = algorithm.columns()
+    envs, obs = make_vector_env(config.env, config.num_envs, seed % 2**31, EnvOptions.of(config))
+    clip = algorithm.spec.clip_rewards
+    lives = None  # Atari lives, for life_loss_terminal
     adder = NStepAdder(config.num_envs, config.n_step, config.gamma)
     replay = ReplayClient(config.replay, timeout=30.0, retry_seconds=1.0, tls=config)
     buffer = InsertBuffer(replay, config.buffer_limit, metrics, stop)
@@ -263,8 +279,16 @@ def run(
             actions = policy.act(obs, exploration, rng)
             next_obs, rewards, terminated, truncated, infos = envs.step(actions)
             done = terminated | truncated
+            # What the learner learns from; the metrics below report the game's rewards.
+            learned = np.clip(rewards, -1.0, 1.0) if clip else rewards
+            ends = terminated
+            if config.life_loss_terminal and "lives" in infos:
+                # A life lost ends the n-step windows (discount 0), not the game: the env goes on.
+                lost = lives is not None and (infos["lives"] < lives) & ~done
+                ends = terminated | lost
+                lives = infos["lives"]
             columns = adder.add(
-                obs, actions, rewards, terminated, truncated, final_observations(next_obs, infos)
+                obs, actions, learned, ends, truncated, final_observations(next_obs, infos)
             )
             obs = next_obs
 
@@ -282,7 +306,13 @@ def run(
                 pending_count += len(columns["action"])
             if pending_count >= config.insert_batch:
                 batch = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
-                buffer.put(batch, policy.priorities(batch) + config.priority_epsilon)
+                priorities = policy.priorities(batch) + config.priority_epsilon
+                packed = pack(batch, columns_spec)
+                for value in packed.values():
+                    if isinstance(value, Packed):
+                        metrics.frame_raw_bytes.inc(len(value) * value.item_nbytes)
+                        metrics.frame_compressed_bytes.inc(int(value.sizes.sum()))
+                buffer.put(packed, priorities)
                 pending, pending_count = [], 0
             steps_since_pull += config.num_envs
             if steps_since_pull >= config.pull_interval:

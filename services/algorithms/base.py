@@ -17,49 +17,14 @@ algorithm's choosing, JSON-able extras (optimizer param groups) in the meta.
 """
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 import torch
 
+# Re-exported: the columns live torch-free in columns.py.
+from apexrl.algorithms.columns import Column, action_bounds, nstep_columns  # noqa: F401
 from apexrl.algorithms.envs import EnvSpec
-
-
-@dataclass(frozen=True)
-class Column:
-    """One column of a transition: name, dtype, per-item shape (the replay's signature)."""
-
-    name: str
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    bounds: tuple[float, float] | None = None  # the closed range of its values, if any
-
-    def spec(self) -> str:
-        """As the replay's `signature` setting spells it: name:dtype:d0xd1[:low..high]."""
-        text = f"{self.name}:{np.dtype(self.dtype).name}:{'x'.join(map(str, self.shape))}"
-        return text if self.bounds is None else text + ":{:g}..{:g}".format(*self.bounds)
-
-
-def action_bounds(spec: EnvSpec) -> tuple[float, float] | None:
-    """[lowest low, highest high] of a continuous action space (None for Discrete: the index
-    range is not checked by the replay)."""
-    if spec.discrete:
-        return None
-    return float(spec.action_low.min()), float(spec.action_high.max())
-
-
-def nstep_columns(spec: EnvSpec, action_dtype: np.dtype) -> list[Column]:
-    """The n-step transition (actor/nstep.py): obs, action, reward (the discounted n-step
-    return), discount (gamma^m, 0 after a terminal), next_obs. Learners need neither n nor gamma.
-    """
-    return [
-        Column("obs", np.dtype(spec.obs_dtype), spec.obs_shape),
-        Column("action", np.dtype(action_dtype), spec.action_shape, action_bounds(spec)),
-        Column("reward", np.dtype(np.float32), ()),
-        Column("discount", np.dtype(np.float32), ()),
-        Column("next_obs", np.dtype(spec.obs_dtype), spec.obs_shape),
-    ]
 
 
 class Policy(ABC):

@@ -20,8 +20,18 @@ Actor loop:
         batch = adder.add(obs, actions, rewards, terminated, truncated,
                           final_observations(next_obs, infos))
         obs = next_obs                                  # reset obs where an episode ended
+
+Atari (any `ALE/...` id, ale-py ships the ROMs): the standard DQN preprocessing with
+gymnasium's own wrappers, as Machado et al. (2018, "Revisiting the ALE") evaluate it, which
+is also ALE v5's default: sticky actions (p = 0.25), the minimal action set, episodes of at
+most 108,000 frames; and as Mnih et al. (2015): up to 30 no-op starts, frame skip 4 with the
+max of the last two frames, 84x84 grayscale, a stack of the last 4 frames. Observations are
+uint8 [4, 84, 84] (stack first, as the CNN reads them). Rewards stay the game's: the actor
+clips what it learns from (EnvSpec.clip_rewards), every reported return is the game score.
+`EnvOptions` holds the settings (AgentConfig's sticky_actions and full_action_space).
 """
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +47,29 @@ RETURN_BUCKETS = (0, 10, 25, 50, 100, 200, 300, 400, 475, 500, 1000, 5000, 20000
 
 
 @dataclass(frozen=True)
+class EnvOptions:
+    """Env settings beyond the id (AgentConfig: the same for actors, evaluator and learner)."""
+
+    sticky_actions: float = 0.25  # Atari: P(the emulator repeats the previous action)
+    full_action_space: bool = False  # Atari: all 18 actions instead of the game's minimal set
+
+    @classmethod
+    def of(cls, config) -> "EnvOptions":
+        """From any settings object with the AgentConfig fields (defaults where absent)."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{n: getattr(config, n) for n in names if hasattr(config, n)})
+
+
+def is_atari(env_id: str) -> bool:
+    return env_id.startswith("ALE/")
+
+
+def reward_threshold(env_id: str) -> float | None:
+    """gymnasium's registered threshold (None for Atari games and envs without one)."""
+    return None if is_atari(env_id) else gym.spec(env_id).reward_threshold
+
+
+@dataclass(frozen=True)
 class EnvSpec:
     """What an algorithm needs to know of an env: its spaces."""
 
@@ -47,25 +80,43 @@ class EnvSpec:
     action_shape: tuple[int, ...]  # () for Discrete
     action_low: np.ndarray | None  # Box bounds (float32), None for Discrete
     action_high: np.ndarray | None
+    clip_rewards: bool = False  # learn from rewards clipped to [-1, 1] (Atari)
 
     @property
     def discrete(self) -> bool:
         return self.num_actions > 0
 
 
-def make_env(env_id: str) -> gym.Env:
-    """The one place an env is made (actors, evaluator, `apexrl eval`)."""
-    return gym.make(env_id)
+def make_env(env_id: str, options: EnvOptions = EnvOptions()) -> gym.Env:  # noqa: B008 (frozen)
+    """The one place an env is made (actors, evaluator, `apexrl eval`, local mode)."""
+    if not is_atari(env_id):
+        return gym.make(env_id)
+    try:
+        import ale_py
+    except ImportError as err:
+        raise ValueError(
+            f"env {env_id}: Atari needs the atari extra (pip install apexrl[atari])"
+        ) from err
+    gym.register_envs(ale_py)
+    env = gym.make(
+        env_id,
+        frameskip=1,  # AtariPreprocessing skips frames (and max-pools the last two)
+        repeat_action_probability=options.sticky_actions,
+        full_action_space=options.full_action_space,
+    )
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)
+    return gym.wrappers.FrameStackObservation(env, 4)
 
 
-def env_spec(env_id: str) -> EnvSpec:
-    env = make_env(env_id)
+def env_spec(env_id: str, options: EnvOptions = EnvOptions()) -> EnvSpec:  # noqa: B008
+    env = make_env(env_id, options)
     try:
         obs, action = env.observation_space, env.action_space
     finally:
         env.close()
     if isinstance(action, gym.spaces.Discrete):
-        return EnvSpec(env_id, obs.shape, obs.dtype, int(action.n), (), None, None)
+        atari = is_atari(env_id)
+        return EnvSpec(env_id, obs.shape, obs.dtype, int(action.n), (), None, None, atari)
     if isinstance(action, gym.spaces.Box):
         low, high = action.low.astype(np.float32), action.high.astype(np.float32)
         if not (np.isfinite(low).all() and np.isfinite(high).all()):
@@ -74,13 +125,18 @@ def env_spec(env_id: str) -> EnvSpec:
     raise ValueError(f"env {env_id}: action space {action} is neither Discrete nor Box")
 
 
-def make_vector_env(env_id: str, num_envs: int, seed: int) -> tuple[SyncVectorEnv, np.ndarray]:
+def make_vector_env(
+    env_id: str,
+    num_envs: int,
+    seed: int,
+    options: EnvOptions = EnvOptions(),  # noqa: B008 (frozen)
+) -> tuple[SyncVectorEnv, np.ndarray]:
     """A SAME_STEP-autoreset SyncVectorEnv, reset with seeds seed, seed+1, ...
 
     Returns (envs, first observations). The action space is seeded too.
     """
     envs = SyncVectorEnv(
-        [lambda: make_env(env_id) for _ in range(num_envs)],
+        [lambda: make_env(env_id, options) for _ in range(num_envs)],
         autoreset_mode=AutoresetMode.SAME_STEP,
     )
     obs, _ = envs.reset(seed=seed)  # an int seed gives env i the seed seed + i

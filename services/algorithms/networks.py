@@ -2,7 +2,8 @@
 as plain numpy arrays.
 
 Two torsos: an MLP for 1-D float observations (CartPole, Pendulum) and the Nature-DQN conv
-stack for uint8 images laid out [H, W, C] (Atari).
+stack for uint8 images laid out [C, H, W] (Atari: a stack of 4 84x84 frames, as the env
+gives it and as torch's convolutions read it, so no copy to reorder).
 
 Weights travel over gRPC as raw float32 tensors, never pickle, so the helpers at the bottom
 turn a module into an ordered dict name -> numpy array and back.
@@ -35,11 +36,11 @@ class MLPTorso(nn.Module):
 
 
 class NatureConvTorso(nn.Module):
-    """Mnih et al. (2015) conv stack plus its 512-unit layer, on uint8 [B, H, W, C] input."""
+    """Mnih et al. (2015) conv stack plus its 512-unit layer, on uint8 [B, C, H, W] input."""
 
     def __init__(self, obs_shape: Sequence[int]):
         super().__init__()
-        height, width, channels = obs_shape
+        channels, height, width = obs_shape
         self.convs = nn.Sequential(
             nn.Conv2d(channels, 32, kernel_size=8, stride=4),
             nn.ReLU(),
@@ -56,15 +57,13 @@ class NatureConvTorso(nn.Module):
         self.out_dim = 512
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        # Channels-last uint8 -> channels-first floats in [0, 1].
-        x = obs.permute(0, 3, 1, 2).float() / 255.0
-        return self.fc(self.convs(x))
+        return self.fc(self.convs(obs.float() / 255.0))
 
 
 def build_torso(
     obs_shape: Sequence[int], obs_dtype: npt.DTypeLike, hidden: Sequence[int]
 ) -> nn.Module:
-    """MLP torso for 1-D float obs, Nature conv torso for uint8 [H, W, C] obs (`.out_dim`)."""
+    """MLP torso for 1-D float obs, Nature conv torso for uint8 [C, H, W] obs (`.out_dim`)."""
     obs_shape = tuple(obs_shape)
     dtype = np.dtype(obs_dtype)
     if len(obs_shape) == 1 and np.issubdtype(dtype, np.floating):
@@ -72,7 +71,7 @@ def build_torso(
     if len(obs_shape) == 3 and dtype == np.uint8:
         return NatureConvTorso(obs_shape)
     raise ValueError(
-        f"obs_shape {obs_shape} with obs_dtype {dtype}: expected 1-D float or uint8 [H, W, C]"
+        f"obs_shape {obs_shape} with obs_dtype {dtype}: expected 1-D float or uint8 [C, H, W]"
     )
 
 

@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 
+from apexrl.common.codec import Packed
 from apexrl.common.errors import InvalidArgument
 from apexrl.v1 import tensor_pb2
 
@@ -46,18 +47,34 @@ def dtype_from_proto(code: int, field: str) -> np.dtype:
     return dtype
 
 
-def to_proto(array: np.ndarray, out: tensor_pb2.Tensor | None = None) -> tensor_pb2.Tensor:
-    """Encodes an array (any layout; converted to little-endian C order)."""
-    array = np.asarray(array)
+_CODECS = {"zstd": tensor_pb2.ZSTD}
+_CODEC_NAMES = {code: name for name, code in _CODECS.items()}
+
+
+def codec_to_proto(codec: str | None) -> int:
+    return tensor_pb2.CODEC_NONE if codec is None else _CODECS[codec]
+
+
+def to_proto(array: np.ndarray | Packed, out: tensor_pb2.Tensor | None = None) -> tensor_pb2.Tensor:
+    """Encodes an array (any layout; converted to little-endian C order) or compressed items."""
     tensor = tensor_pb2.Tensor() if out is None else out
+    if isinstance(array, Packed):
+        tensor.dtype = dtype_to_proto(array.dtype)
+        tensor.shape[:] = (len(array), *array.item_shape)
+        tensor.codec = _CODECS[array.codec]
+        tensor.sizes[:] = array.sizes.tolist()
+        tensor.data = array.data
+        return tensor
+    array = np.asarray(array)
     tensor.dtype = dtype_to_proto(array.dtype)
     tensor.shape[:] = array.shape
     tensor.data = np.ascontiguousarray(array, dtype=_TO_NUMPY[tensor.dtype]).tobytes()
     return tensor
 
 
-def from_proto(tensor: tensor_pb2.Tensor, field: str) -> np.ndarray:
+def from_proto(tensor: tensor_pb2.Tensor, field: str) -> np.ndarray | Packed:
     """Decodes without copying the payload (the result is read-only); checks size and shape.
+    A compressed tensor comes back as Packed (its frames are not opened here).
 
     `field` names the tensor in error messages, e.g. 'batch.columns["obs"]'.
     """
@@ -67,6 +84,10 @@ def from_proto(tensor: tensor_pb2.Tensor, field: str) -> np.ndarray:
         raise InvalidArgument(f"{field}.shape", f"{len(shape)} dimensions, at most {MAX_DIMS}")
     if any(d < 0 or d > MAX_DIM for d in shape):
         raise InvalidArgument(f"{field}.shape", f"dimension outside [0, 2^48] in {list(shape)}")
+    if tensor.codec != tensor_pb2.CODEC_NONE:
+        return _packed_from_proto(tensor, dtype, shape, field)
+    if tensor.sizes:
+        raise InvalidArgument(f"{field}.sizes", "set on a tensor that is not compressed")
     expected = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
     if len(tensor.data) != expected:
         raise InvalidArgument(
@@ -78,8 +99,24 @@ def from_proto(tensor: tensor_pb2.Tensor, field: str) -> np.ndarray:
     return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
 
 
+def _packed_from_proto(tensor, dtype: np.dtype, shape: tuple, field: str) -> Packed:
+    codec = _CODEC_NAMES.get(tensor.codec)
+    if codec is None:
+        raise InvalidArgument(f"{field}.codec", f"unknown codec {tensor.codec}")
+    if not shape:
+        raise InvalidArgument(f"{field}.shape", "a compressed tensor needs an item dimension")
+    sizes = np.array(tensor.sizes, dtype=np.uint32)
+    if len(sizes) != shape[0]:
+        raise InvalidArgument(f"{field}.sizes", f"{len(sizes)} sizes for {shape[0]} items")
+    if int(sizes.sum(dtype=np.int64)) != len(tensor.data):
+        raise InvalidArgument(
+            f"{field}.data", f"{len(tensor.data)} bytes but sizes add up to {int(sizes.sum())}"
+        )
+    return Packed(codec, dtype, shape[1:], tensor.data, sizes)
+
+
 def batch_to_proto(
-    columns: dict[str, np.ndarray], out: tensor_pb2.Batch | None = None
+    columns: dict[str, np.ndarray | Packed], out: tensor_pb2.Batch | None = None
 ) -> tensor_pb2.Batch:
     batch = tensor_pb2.Batch() if out is None else out
     for name, array in columns.items():
@@ -87,5 +124,7 @@ def batch_to_proto(
     return batch
 
 
-def batch_from_proto(batch: tensor_pb2.Batch, field: str = "batch") -> dict[str, np.ndarray]:
+def batch_from_proto(
+    batch: tensor_pb2.Batch, field: str = "batch"
+) -> dict[str, np.ndarray | Packed]:
     return {name: from_proto(t, f'{field}.columns["{name}"]') for name, t in batch.columns.items()}

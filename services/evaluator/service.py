@@ -17,7 +17,7 @@ import prometheus_client
 import torch
 
 from apexrl import algorithms
-from apexrl.algorithms.envs import RETURN_BUCKETS
+from apexrl.algorithms.envs import RETURN_BUCKETS, EnvOptions
 from apexrl.algorithms.evaluation import evaluate
 from apexrl.common.backoff import Backoff
 from apexrl.common.learner_client import LearnerClient
@@ -62,7 +62,9 @@ def run(
 
     def play(episodes: int) -> np.ndarray:
         nonlocal next_seed
-        returns = evaluate(policy, config.env, episodes, next_seed, config.epsilon)
+        returns = evaluate(
+            policy, config.env, episodes, next_seed, config.epsilon, EnvOptions.of(config)
+        )
         next_seed += episodes  # every episode on a seed of its own
         return returns
 

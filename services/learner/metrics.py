@@ -27,6 +27,14 @@ class LearnerMetrics:
         self.samples = counter("samples_consumed", "Transitions trained on.")
         self.priority_updates = counter("priority_updates_sent", "Priorities written to replay.")
         self.live_actors = gauge("live_actors", "Actors holding a lease.")
+        self.decode_seconds = counter(
+            "decode_seconds", "Time the input pipeline spent decompressing sampled frames."
+        )
+        self.decode_failures = counter(
+            "decode_failures",
+            "Sampled items dropped from their batch: their frames did not decompress to the"
+            " column's size.",
+        )
         self.checkpoint_failures = counter(
             "checkpoint_failures", "Checkpoints that failed to write (previous ones kept)."
         )

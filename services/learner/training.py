@@ -1,7 +1,8 @@
 """The training loop: an algorithm's update step kept busy by two helper threads (Acme's shape).
 
 - prefetch: a server-streamed SampleStream from replay, decoded to tensors on the device into
-  a bounded queue, so the step waits on the network only when replay cannot keep up;
+  a bounded queue, so the step waits on the network only when replay cannot keep up; compressed
+  frames are decompressed here (zstd releases the GIL), into pinned memory on CUDA;
 - train (the caller's thread): the algorithm's update step; it hands new priorities to
 - priorities: writes them back to replay, coalescing what queued up meanwhile, never
   stalling the step.
@@ -17,6 +18,8 @@ import numpy as np
 import torch
 
 from apexrl.algorithms.base import Algorithm
+from apexrl.algorithms.columns import unpack
+from apexrl.common.codec import Packed
 from apexrl.config import LearnerConfig
 from apexrl.learner import checkpoints
 from apexrl.learner.metrics import LearnerMetrics
@@ -94,20 +97,41 @@ class Learner:
     def check_columns(self, columns: dict[str, np.ndarray]) -> None:
         """A sampled batch must carry the algorithm's columns (another algorithm's actors, or a
         table filled for another env, would otherwise fail somewhere deep in the loss)."""
-        got = {name: (a.dtype, a.shape[1:]) for name, a in columns.items()}
+        got = {
+            name: (np.dtype(a.dtype), tuple(a.item_shape if isinstance(a, Packed) else a.shape[1:]))
+            for name, a in columns.items()
+        }
         want = {c.name: (c.dtype, c.shape) for c in self.columns.values()}
         if got != want:
             raise ValueError(
                 f"replay columns {got} are not algorithm {self.algorithm.name}'s {want}"
             )
 
+    def decode(self, batch) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """A sampled batch's transition fields (frames decompressed), weights and keys; items
+        whose frames do not decode are dropped, counted and logged (the first time)."""
+        started = time.perf_counter()
+        columns, ok = unpack(batch.columns, list(self.columns.values()))
+        self.metrics.decode_seconds.inc(time.perf_counter() - started)
+        weights, keys = batch.weights, batch.keys
+        if not ok.all():
+            bad = int((~ok).sum())
+            if not self.metrics.decode_failures._value.get():
+                log.warning("dropped %d sampled items whose frames do not decode", bad)
+            self.metrics.decode_failures.inc(bad)
+            columns = {k: v[ok] for k, v in columns.items()}
+            weights, keys = weights[ok], keys[ok]
+        return columns, weights, keys
+
     def to_device(self, batch) -> tuple[dict[str, torch.Tensor], torch.Tensor, np.ndarray]:
-        columns = {
-            name: torch.from_numpy(np.array(array)).to(self.device, non_blocking=True)
-            for name, array in batch.columns.items()
-        }
-        weights = torch.from_numpy(np.array(batch.weights)).to(self.device, non_blocking=True)
-        return columns, weights, np.array(batch.keys)
+        columns, weights, keys = self.decode(batch)
+        pin = self.device.type == "cuda"
+
+        def move(array: np.ndarray) -> torch.Tensor:
+            tensor = torch.from_numpy(np.array(array))
+            return (tensor.pin_memory() if pin else tensor).to(self.device, non_blocking=True)
+
+        return {k: move(v) for k, v in columns.items()}, move(weights), np.array(keys)
 
     def train(self, replay: ReplayClient) -> None:
         """Runs until `stop` is set (or max_updates). Call from its own thread."""
@@ -176,6 +200,8 @@ class Learner:
                     self.check_columns(batch.columns)
                     checked = True
                 item = self.to_device(batch)
+                if not len(item[2]):  # every item's frames were damaged
+                    continue
                 while not self.stop.is_set():
                     try:
                         batches.put(item, timeout=0.5)

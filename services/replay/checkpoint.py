@@ -32,6 +32,12 @@ no table or column name can make two arrays collide):
     "tables/<i>/columns/<column name>"  [size, *shape], one per name in "columns":
                                         slots 0 .. size - 1, size = min(inserts, capacity)
 
+except for a compressed column (its signature entry has "codec"), whose items' frames are
+stored as they came, back to back:
+
+    "tables/<i>/columns/<column name>"  "u1" [total bytes]: the frames of slots 0 .. size - 1
+    "tables/<i>/sizes/<column name>"    "<u4" [size]: each frame's length
+
 A checkpoint whose arrays are not exactly these is rejected as CorruptCheckpoint.
 """
 
@@ -42,6 +48,7 @@ import numpy as np
 
 from apexrl.common import checkpoint as generic
 from apexrl.common.checkpoint import CorruptCheckpoint
+from apexrl.replay.frames import FrameRows
 from apexrl.replay.table import ColumnSpec, RateLimiter, TableState
 
 __all__ = [
@@ -85,6 +92,9 @@ def _encode(states: list[TableState]) -> tuple[dict, dict[str, np.ndarray]]:
         arrays[f"tables/{i}/slot_keys"] = s.slot_keys
         arrays[f"tables/{i}/priorities"] = s.priorities
         for name, column in s.columns.items():
+            if isinstance(column, FrameRows):  # a compressed column's frames
+                arrays[f"tables/{i}/sizes/{name}"] = column.sizes
+                column = column.data()
             arrays[f"tables/{i}/columns/{name}"] = column
     return {"tables": tables}, arrays
 
@@ -97,6 +107,12 @@ def _decode(meta: dict, arrays: dict[str, np.ndarray]) -> list[TableState]:
         expected.update([f"{prefix}slot_keys", f"{prefix}priorities", *names.values()])
         counters = t["counters"]
         signature = t["signature"]
+        columns = {k: arrays[key] for k, key in names.items()}
+        for spec in signature or ():
+            if spec.get("codec") and spec["name"] in columns:
+                sizes = f"{prefix}sizes/{spec['name']}"
+                expected.add(sizes)
+                columns[spec["name"]] = _frames(columns[spec["name"]], arrays[sizes])
         states.append(
             TableState(
                 name=t["name"],
@@ -114,7 +130,7 @@ def _decode(meta: dict, arrays: dict[str, np.ndarray]) -> list[TableState]:
                 max_priority=float(t["max_priority"]),
                 slot_keys=arrays[f"{prefix}slot_keys"],
                 priorities=arrays[f"{prefix}priorities"],
-                columns={k: arrays[key] for k, key in names.items()},
+                columns=columns,
             )
         )
     if set(arrays) != expected:
@@ -123,6 +139,13 @@ def _decode(meta: dict, arrays: dict[str, np.ndarray]) -> list[TableState]:
             f"{sorted(expected - set(arrays))} missing"
         )
     return states
+
+
+def _frames(data: np.ndarray, sizes: np.ndarray) -> FrameRows:
+    """A compressed column's rows from its stored arrays."""
+    if data.dtype != np.uint8 or sizes.dtype != np.uint32 or int(sizes.sum()) != len(data):
+        raise CorruptCheckpoint("a compressed column's sizes do not add up to its bytes")
+    return FrameRows.from_data(data.tobytes(), sizes)
 
 
 def write_checkpoint(

@@ -23,6 +23,7 @@ from prometheus_client.core import (
 )
 
 from apexrl.common import tensors
+from apexrl.common.codec import CODECS
 from apexrl.common.errors import FailedPrecondition, Internal, NotFound, ResourceExhausted
 from apexrl.common.serving import Service
 from apexrl.config import ReplayConfig
@@ -44,7 +45,8 @@ def parse_signature(text: str) -> list[ColumnSpec] | None:
     """'obs:float32:4,action:int64:,frame:uint8:84x84x4' -> column specs (None when empty).
 
     A fourth part bounds a column's values: 'action:float32:1:-2..2' refuses actions outside
-    [-2, 2] (a misconfigured actor's).
+    [-2, 2] (a misconfigured actor's), or names the codec of a compressed column:
+    'observations:uint8:2x4x84x84:zstd' (common/codec.py).
     """
     if not text.strip():
         return None
@@ -55,13 +57,14 @@ def parse_signature(text: str) -> list[ColumnSpec] | None:
             shape = tuple(int(d) for d in dims.split("x")) if dims else ()
             if len(rest) > 1:
                 raise ValueError("too many parts")
-            bounds = tuple(float(b) for b in rest[0].split("..")) if rest else None
+            codec = rest[0] if rest and rest[0] in CODECS else None
+            bounds = tuple(float(b) for b in rest[0].split("..")) if rest and not codec else None
             if bounds is not None and len(bounds) != 2:
                 raise ValueError(f"bounds {rest[0]!r} are not low..high")
-            specs.append(ColumnSpec(name, np.dtype(dtype), shape, bounds))
+            specs.append(ColumnSpec(name, np.dtype(dtype), shape, bounds, codec))
         except (ValueError, TypeError) as err:
             raise ValueError(
-                f"signature: cannot parse {part!r} as name:dtype:d0xd1[:low..high] ({err})"
+                f"signature: cannot parse {part!r} as name:dtype:d0xd1[:low..high|:zstd] ({err})"
             ) from err
     return specs
 
@@ -118,6 +121,11 @@ class ReplayMetrics:
     def collect(self):
         gauges = {
             "size": ("Items stored.", lambda t: t.size),
+            "stored_bytes": (
+                "Bytes the stored items take (columns, compressed frames, keys, priorities,"
+                " sum tree).",
+                lambda t: t.stored_bytes,
+            ),
             "capacity": ("Items the table can hold.", lambda t: t.capacity),
             "total_priority": ("Sum of p^alpha over stored items.", lambda t: t.total_priority),
             "max_priority": ("Largest priority set so far.", lambda t: t.max_priority),
@@ -322,7 +330,12 @@ def table_info(table: Table, include_digest: bool = False) -> replay_pb2.TableIn
         capacity=table.capacity,
         size=table.size,
         signature=[
-            replay_pb2.ColumnSpec(name=c.name, dtype=tensors.dtype_to_proto(c.dtype), shape=c.shape)
+            replay_pb2.ColumnSpec(
+                name=c.name,
+                dtype=tensors.dtype_to_proto(c.dtype),
+                shape=c.shape,
+                codec=tensors.codec_to_proto(c.codec),
+            )
             for c in table.signature or []
         ],
         alpha=table.alpha,
@@ -336,6 +349,7 @@ def table_info(table: Table, include_digest: bool = False) -> replay_pb2.TableIn
         total_priority=table.total_priority,
         max_priority=table.max_priority,
         digest=table.digest() if include_digest else "",
+        stored_bytes=table.stored_bytes,
     )
 
 

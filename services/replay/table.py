@@ -19,7 +19,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from apexrl.common import codec
+from apexrl.common.codec import Packed
 from apexrl.common.errors import FailedPrecondition, InvalidArgument
+from apexrl.replay.frames import EMPTY_ROWS, FrameRows, FrameStore
 from apexrl.replay.sumtree import SumTree, last_occurrence
 
 # The dtypes apexrl.v1.DType can carry (all little-endian; '<f4' == '=f4' here).
@@ -41,15 +44,21 @@ def _check_name(name: object, what: str) -> None:
         raise ValueError(f"{what} {name!r} has non-printable characters")
 
 
+# What a compressed item costs beyond its frame: FrameStore's pointer, offset and size.
+PACKED_ITEM_OVERHEAD = 8 + 4 + 4
+
+
 @dataclass(frozen=True)
 class ColumnSpec:
     """One signature column: the dtype and shape of a single item, and optionally the closed
-    range [low, high] its values must lie in (an env's action bounds)."""
+    range [low, high] its values must lie in (an env's action bounds), or the codec its items
+    arrive compressed with (common/codec.py: the table stores each item's frame as it came)."""
 
     name: str
     dtype: np.dtype
     shape: tuple[int, ...]
     bounds: tuple[float, float] | None = None
+    codec: str | None = None
 
     def __post_init__(self) -> None:
         _check_name(self.name, "column name")
@@ -64,20 +73,39 @@ class ColumnSpec:
             if not low <= high:  # NaN fails too
                 raise ValueError(f"column {self.name!r}: bounds [{low}, {high}] are empty")
             object.__setattr__(self, "bounds", (low, high))
+        if self.codec is not None:
+            if self.codec not in codec.CODECS:
+                raise ValueError(
+                    f"column {self.name!r}: codec {self.codec!r} not in {codec.CODECS}"
+                )
+            if self.bounds is not None:
+                raise ValueError(f"column {self.name!r}: a compressed column cannot have bounds")
         # Normalized so that equal specs compare equal however they were spelled.
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "shape", shape)
 
     def to_json(self) -> dict:
         out = {"name": self.name, "dtype": self.dtype.str, "shape": list(self.shape)}
-        return out if self.bounds is None else out | {"bounds": list(self.bounds)}
+        if self.bounds is not None:
+            out["bounds"] = list(self.bounds)
+        if self.codec is not None:
+            out["codec"] = self.codec
+        return out
 
     @classmethod
     def from_json(cls, obj: dict) -> "ColumnSpec":
         bounds = obj.get("bounds")
         return cls(
-            obj["name"], np.dtype(obj["dtype"]), tuple(obj["shape"]), bounds and tuple(bounds)
+            obj["name"],
+            np.dtype(obj["dtype"]),
+            tuple(obj["shape"]),
+            bounds and tuple(bounds),
+            obj.get("codec"),
         )
+
+    @property
+    def item_nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -151,7 +179,7 @@ class RateLimiter:
 
 @dataclass(eq=False)  # holds arrays: == would be ambiguous
 class SampleResult:
-    columns: dict[str, np.ndarray]  # gathered copies, [batch_size, *column_shape]
+    columns: dict[str, np.ndarray | Packed]  # gathered copies, [batch_size, *column_shape]
     keys: np.ndarray  # int64 [batch_size]
     probabilities: np.ndarray  # float64 [batch_size], P(i) at sampling time
     weights: np.ndarray  # float32 [batch_size], largest is 1
@@ -163,8 +191,8 @@ class TableState:
     """A table's complete state, as copies: what a checkpoint holds.
 
     columns hold only the used rows 0 .. size - 1 (slots fill from 0 and never empty
-    again, so those are exactly the stored items); slot_keys and priorities hold all
-    `capacity` slots.
+    again, so those are exactly the stored items), a compressed column as FrameRows (where
+    each item's frame lies); slot_keys and priorities hold all `capacity` slots.
     """
 
     name: str
@@ -180,7 +208,7 @@ class TableState:
     max_priority: float
     slot_keys: np.ndarray  # int64 [capacity], -1 = empty
     priorities: np.ndarray  # float64 [capacity], raw p (0 for empty slots)
-    columns: dict[str, np.ndarray] = field(default_factory=dict)
+    columns: dict[str, np.ndarray | FrameRows] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -254,7 +282,7 @@ class Table:
         self.max_priority = 1.0
 
         self._signature: tuple[ColumnSpec, ...] | None = None
-        self._columns: dict[str, np.ndarray] = {}
+        self._columns: dict[str, np.ndarray | FrameStore] = {}
         if signature is not None:
             self._declare(self._check_signature(signature))
 
@@ -273,8 +301,15 @@ class Table:
         return specs
 
     def _declare(self, specs: tuple[ColumnSpec, ...]) -> None:
-        # np.zeros maps pages lazily: resident memory grows as slots are first written.
-        columns = {s.name: np.zeros((self.capacity, *s.shape), dtype=s.dtype) for s in specs}
+        # np.zeros maps pages lazily: resident memory grows as slots are first written. A
+        # compressed column's memory follows the frames stored (replay/frames.py), at most
+        # capacity x the largest frame the codec can declare for the item size.
+        columns = {
+            s.name: FrameStore(self.capacity)
+            if s.codec
+            else np.zeros((self.capacity, *s.shape), dtype=s.dtype)
+            for s in specs
+        }
         self._columns = columns  # assigned only once every allocation succeeded
         self._signature = specs
 
@@ -283,7 +318,7 @@ class Table:
         return self._signature
 
     @property
-    def columns(self) -> Mapping[str, np.ndarray]:
+    def columns(self) -> Mapping[str, np.ndarray | FrameStore]:
         """The storage arrays, [capacity, *shape] each; rows >= size are zeros."""
         return self._columns
 
@@ -294,6 +329,16 @@ class Table:
     @property
     def total_priority(self) -> float:
         return self.tree.total
+
+    @property
+    def stored_bytes(self) -> int:
+        """What the stored items take: fixed-size columns' rows, compressed frames (with their
+        objects), and per item its key, priority and sum-tree leaf (tree nodes are 2 x leaves)."""
+        per_item = 8 + 8 + 2 * 8
+        for s in self._signature or ():
+            per_item += PACKED_ITEM_OVERHEAD if s.codec else s.item_nbytes
+        frames = sum(c.nbytes for c in self._columns.values() if isinstance(c, FrameStore))
+        return self.size * per_item + frames
 
     @property
     def _item_limit(self) -> int:
@@ -315,17 +360,23 @@ class Table:
                 _check_name(name, "column name")
             except ValueError as e:
                 raise InvalidArgument(f, str(e)) from None
-            if not isinstance(array, np.ndarray):
+            if isinstance(array, Packed):
+                items = len(array)
+            elif not isinstance(array, np.ndarray):
                 raise InvalidArgument(f, f"must be an array, got {type(array).__name__}")
-            if array.ndim < 1:
+            elif array.ndim < 1:
                 raise InvalidArgument(f, "must have a leading item dimension, got a scalar")
+            else:
+                items = array.shape[0]
             if n is None:
-                n, first = array.shape[0], name
-            elif array.shape[0] != n:
-                raise InvalidArgument(f, f"has {array.shape[0]} items but column {first!r} has {n}")
+                n, first = items, name
+            elif items != n:
+                raise InvalidArgument(f, f"has {items} items but column {first!r} has {n}")
         if self._signature is None:
             for name, array in columns.items():
-                if array.dtype not in ALLOWED_DTYPES:
+                if isinstance(array, Packed):
+                    self._check_frames(f'batch.columns["{name}"]', array)
+                elif array.dtype not in ALLOWED_DTYPES:
                     raise InvalidArgument(
                         f'batch.columns["{name}"]', f"unsupported dtype {array.dtype}"
                     )
@@ -339,6 +390,9 @@ class Table:
                 spec = expected.get(name)
                 if spec is None:
                     raise InvalidArgument(f, f"not in the signature of table {self.name!r}")
+                if spec.codec is not None or isinstance(array, Packed):
+                    self._check_packed(f, spec, array)
+                    continue
                 if array.dtype != spec.dtype:
                     raise InvalidArgument(f, f"dtype must be {spec.dtype}, got {array.dtype}")
                 if array.shape[1:] != spec.shape:
@@ -367,13 +421,46 @@ class Table:
             _check_priorities(priorities, n, "one per item")
         return n
 
+    @staticmethod
+    def _check_frames(field: str, packed: Packed) -> None:
+        """Cheap checks of compressed items: the codec, and each frame's declared size."""
+        if packed.codec not in codec.CODECS:
+            raise InvalidArgument(field, f"codec {packed.codec!r} is not one of {codec.CODECS}")
+        if np.dtype(packed.dtype) not in ALLOWED_DTYPES:
+            raise InvalidArgument(field, f"unsupported dtype {packed.dtype}")
+        bad = codec.check(packed.items(), packed.item_nbytes)
+        if bad is not None:
+            raise InvalidArgument(field, f"item {bad[0]} {bad[1]}")
+
+    def _check_packed(self, field: str, spec: ColumnSpec, array) -> None:
+        if spec.codec is None:
+            raise InvalidArgument(field, "is compressed but the column is not")
+        if not isinstance(array, Packed):
+            raise InvalidArgument(field, f"must be compressed with {spec.codec}")
+        if array.codec != spec.codec:
+            raise InvalidArgument(field, f"codec must be {spec.codec}, got {array.codec}")
+        if np.dtype(array.dtype) != spec.dtype or tuple(array.item_shape) != spec.shape:
+            raise InvalidArgument(
+                field,
+                f"items must be {spec.dtype} {list(spec.shape)},"
+                f" got {np.dtype(array.dtype)} {list(array.item_shape)}",
+            )
+        self._check_frames(field, array)
+
     def insert(
-        self, columns: Mapping[str, np.ndarray], priorities: np.ndarray | None = None
+        self, columns: Mapping[str, np.ndarray | Packed], priorities: np.ndarray | None = None
     ) -> int:
         """Inserts n items (FIFO-overwriting the oldest when full); returns the first key."""
         n = self.validate_insert(columns, priorities)
         if self._signature is None:
-            self._declare(tuple(ColumnSpec(k, v.dtype, v.shape[1:]) for k, v in columns.items()))
+            self._declare(
+                tuple(
+                    ColumnSpec(k, v.dtype, v.item_shape, codec=v.codec)
+                    if isinstance(v, Packed)
+                    else ColumnSpec(k, v.dtype, v.shape[1:])
+                    for k, v in columns.items()
+                )
+            )
         if priorities is None:
             p = np.full(n, self.max_priority)
         else:
@@ -386,6 +473,9 @@ class Table:
         # where fancy indexing would be far slower.
         for name, array in columns.items():
             column = self._columns[name]
+            if isinstance(column, FrameStore):
+                column.put(start, head, array)
+                continue
             column[start : start + head] = array[:head]
             column[: n - head] = array[head:]
         keys = np.arange(first, first + n, dtype=np.int64)
@@ -437,7 +527,7 @@ class Table:
         weights = (probabilities.min() / probabilities) ** float(beta)
 
         result = SampleResult(
-            columns={k: np.take(v, slots, axis=0) for k, v in self._columns.items()},
+            columns={s.name: self._gather(s, slots) for s in self._signature},
             keys=self.slot_keys[slots],
             probabilities=probabilities,
             weights=weights.astype(np.float32),
@@ -445,6 +535,12 @@ class Table:
         )
         self.samples += b
         return result
+
+    def _gather(self, spec: ColumnSpec, slots: np.ndarray) -> np.ndarray | Packed:
+        column = self._columns[spec.name]
+        if isinstance(column, FrameStore):
+            return column.gather(slots, spec.codec, spec.dtype, spec.shape)
+        return np.take(column, slots, axis=0)
 
     # --- priorities --------------------------------------------------------------------
 
@@ -518,7 +614,12 @@ class Table:
         h.update(json.dumps(meta, sort_keys=True).encode())
         size = self.size
         for array in (self.slot_keys, self.priorities, *self._columns.values()):
-            h.update(np.ascontiguousarray(array[:size]))
+            if isinstance(array, FrameStore):  # each frame's size, then the frames
+                h.update(array.sizes[:size])
+                for span in array.spans(size):
+                    h.update(span)
+            else:
+                h.update(np.ascontiguousarray(array[:size]))
         # The tree is derived from priorities, but a bug there would change sampling.
         h.update(self.tree.values)
         return h.hexdigest()
@@ -540,7 +641,10 @@ class Table:
             max_priority=self.max_priority,
             slot_keys=self.slot_keys.copy(),
             priorities=self.priorities.copy(),
-            columns={k: v[:size].copy() for k, v in self._columns.items()},
+            columns={
+                k: v.copy(size) if isinstance(v, FrameStore) else v[:size].copy()
+                for k, v in self._columns.items()
+            },
         )
 
     @classmethod
@@ -572,6 +676,9 @@ class Table:
         if state.signature is not None and self._signature is None:
             self._declare(tuple(state.signature))
         for name, column in self._columns.items():
+            if isinstance(column, FrameStore):
+                column.restore(state.columns[name] if size else EMPTY_ROWS, old_size)
+                continue
             if size:  # a state without items may have no signature and no columns
                 column[:size] = state.columns[name]
             # Only rows this table wrote: zeroing the rest would touch every page.
@@ -628,6 +735,10 @@ class Table:
                 raise ValueError(f"columns: {sorted(state.columns)} do not match the signature")
             for s in sig:
                 array = state.columns[s.name]
+                if s.codec:
+                    if not isinstance(array, FrameRows) or len(array) != size:
+                        raise ValueError(f'columns["{s.name}"]: must be FrameRows of {size} items')
+                    continue
                 if array.dtype != s.dtype or array.shape != (size, *s.shape):
                     raise ValueError(
                         f'columns["{s.name}"]: must be {s.dtype} {[size, *s.shape]},'

@@ -90,17 +90,19 @@ class InfoResponse(_message.Message):
     def __init__(self, tables: _Optional[_Iterable[_Union[TableInfo, _Mapping]]] = ...) -> None: ...
 
 class ColumnSpec(_message.Message):
-    __slots__ = ("name", "dtype", "shape")
+    __slots__ = ("name", "dtype", "shape", "codec")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: _tensor_pb2.DType
     shape: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[_tensor_pb2.DType, str]] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+    codec: _tensor_pb2.Codec
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[_tensor_pb2.DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., codec: _Optional[_Union[_tensor_pb2.Codec, str]] = ...) -> None: ...
 
 class TableInfo(_message.Message):
-    __slots__ = ("name", "capacity", "size", "signature", "alpha", "min_size_to_sample", "samples_per_insert", "error_buffer", "inserts", "samples", "priority_updates", "stale_priority_updates", "total_priority", "max_priority", "digest")
+    __slots__ = ("name", "capacity", "size", "signature", "alpha", "min_size_to_sample", "samples_per_insert", "error_buffer", "inserts", "samples", "priority_updates", "stale_priority_updates", "total_priority", "max_priority", "digest", "stored_bytes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +118,7 @@ class TableInfo(_message.Message):
     TOTAL_PRIORITY_FIELD_NUMBER: _ClassVar[int]
     MAX_PRIORITY_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
+    STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
     name: str
     capacity: int
     size: int
@@ -131,7 +134,8 @@ class TableInfo(_message.Message):
     total_priority: float
     max_priority: float
     digest: str
-    def __init__(self, name: _Optional[str] = ..., capacity: _Optional[int] = ..., size: _Optional[int] = ..., signature: _Optional[_Iterable[_Union[ColumnSpec, _Mapping]]] = ..., alpha: _Optional[float] = ..., min_size_to_sample: _Optional[int] = ..., samples_per_insert: _Optional[float] = ..., error_buffer: _Optional[float] = ..., inserts: _Optional[int] = ..., samples: _Optional[int] = ..., priority_updates: _Optional[int] = ..., stale_priority_updates: _Optional[int] = ..., total_priority: _Optional[float] = ..., max_priority: _Optional[float] = ..., digest: _Optional[str] = ...) -> None: ...
+    stored_bytes: int
+    def __init__(self, name: _Optional[str] = ..., capacity: _Optional[int] = ..., size: _Optional[int] = ..., signature: _Optional[_Iterable[_Union[ColumnSpec, _Mapping]]] = ..., alpha: _Optional[float] = ..., min_size_to_sample: _Optional[int] = ..., samples_per_insert: _Optional[float] = ..., error_buffer: _Optional[float] = ..., inserts: _Optional[int] = ..., samples: _Optional[int] = ..., priority_updates: _Optional[int] = ..., stale_priority_updates: _Optional[int] = ..., total_priority: _Optional[float] = ..., max_priority: _Optional[float] = ..., digest: _Optional[str] = ..., stored_bytes: _Optional[int] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
     __slots__ = ()

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61pexrl/v1/tensor.proto\x12\tapexrl.v1\"F\n\x06Tensor\x12\x1f\n\x05\x64type\x18\x01 \x01(\x0e\x32\x10.apexrl.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"z\n\x05\x42\x61tch\x12.\n\x07\x63olumns\x18\x01 \x03(\x0b\x32\x1d.apexrl.v1.Batch.ColumnsEntry\x1a\x41\n\x0c\x43olumnsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.apexrl.v1.Tensor:\x02\x38\x01*\xa9\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0b\n\x07\x46LOAT64\x10\x02\x12\x0b\n\x07\x46LOAT16\x10\x03\x12\x08\n\x04INT8\x10\x04\x12\t\n\x05INT16\x10\x05\x12\t\n\x05INT32\x10\x06\x12\t\n\x05INT64\x10\x07\x12\t\n\x05UINT8\x10\x08\x12\n\n\x06UINT16\x10\t\x12\n\n\x06UINT32\x10\n\x12\n\n\x06UINT64\x10\x0b\x12\x08\n\x04\x42OOL\x10\x0c\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61pexrl/v1/tensor.proto\x12\tapexrl.v1\"v\n\x06Tensor\x12\x1f\n\x05\x64type\x18\x01 \x01(\x0e\x32\x10.apexrl.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x1f\n\x05\x63odec\x18\x04 \x01(\x0e\x32\x10.apexrl.v1.Codec\x12\r\n\x05sizes\x18\x05 \x03(\r\"z\n\x05\x42\x61tch\x12.\n\x07\x63olumns\x18\x01 \x03(\x0b\x32\x1d.apexrl.v1.Batch.ColumnsEntry\x1a\x41\n\x0c\x43olumnsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.apexrl.v1.Tensor:\x02\x38\x01*\xa9\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0b\n\x07\x46LOAT64\x10\x02\x12\x0b\n\x07\x46LOAT16\x10\x03\x12\x08\n\x04INT8\x10\x04\x12\t\n\x05INT16\x10\x05\x12\t\n\x05INT32\x10\x06\x12\t\n\x05INT64\x10\x07\x12\t\n\x05UINT8\x10\x08\x12\n\n\x06UINT16\x10\t\x12\n\n\x06UINT32\x10\n\x12\n\n\x06UINT64\x10\x0b\x12\x08\n\x04\x42OOL\x10\x0c*!\n\x05\x43odec\x12\x0e\n\nCODEC_NONE\x10\x00\x12\x08\n\x04ZSTD\x10\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,12 +33,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_BATCH_COLUMNSENTRY']._loaded_options = None
   _globals['_BATCH_COLUMNSENTRY']._serialized_options = b'8\001'
-  _globals['_DTYPE']._serialized_start=234
-  _globals['_DTYPE']._serialized_end=403
+  _globals['_DTYPE']._serialized_start=282
+  _globals['_DTYPE']._serialized_end=451
+  _globals['_CODEC']._serialized_start=453
+  _globals['_CODEC']._serialized_end=486
   _globals['_TENSOR']._serialized_start=37
-  _globals['_TENSOR']._serialized_end=107
-  _globals['_BATCH']._serialized_start=109
-  _globals['_BATCH']._serialized_end=231
-  _globals['_BATCH_COLUMNSENTRY']._serialized_start=166
-  _globals['_BATCH_COLUMNSENTRY']._serialized_end=231
+  _globals['_TENSOR']._serialized_end=155
+  _globals['_BATCH']._serialized_start=157
+  _globals['_BATCH']._serialized_end=279
+  _globals['_BATCH_COLUMNSENTRY']._serialized_start=214
+  _globals['_BATCH_COLUMNSENTRY']._serialized_end=279
 # @@protoc_insertion_point(module_scope)

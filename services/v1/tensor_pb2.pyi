@@ -22,6 +22,11 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UINT32: _ClassVar[DType]
     UINT64: _ClassVar[DType]
     BOOL: _ClassVar[DType]
+
+class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CODEC_NONE: _ClassVar[Codec]
+    ZSTD: _ClassVar[Codec]
 DTYPE_UNSPECIFIED: DType
 FLOAT32: DType
 FLOAT64: DType
@@ -35,16 +40,22 @@ UINT16: DType
 UINT32: DType
 UINT64: DType
 BOOL: DType
+CODEC_NONE: Codec
+ZSTD: Codec
 
 class Tensor(_message.Message):
-    __slots__ = ("dtype", "shape", "data")
+    __slots__ = ("dtype", "shape", "data", "codec", "sizes")
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
     dtype: DType
     shape: _containers.RepeatedScalarFieldContainer[int]
     data: bytes
-    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    codec: Codec
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., codec: _Optional[_Union[Codec, str]] = ..., sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Batch(_message.Message):
     __slots__ = ("columns",)

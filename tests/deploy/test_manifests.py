@@ -40,7 +40,7 @@ SERVICES = {
     "evaluator": cfg.EvaluatorConfig,
 }
 GRPC_SERVERS = {"replay", "learner"}
-BUNDLES = ["k8s", "base", "overlays/cpu-only", "overlays/large", "overlays/dpg"]
+BUNDLES = ["k8s", "base", "overlays/cpu-only", "overlays/large", "overlays/dpg", "overlays/atari"]
 # Metrics the alerts may use besides apexrl's own (kubelet cAdvisor and kube-state-metrics).
 KUBERNETES_METRICS: set[str] = set()  # every alert reads apexrl's own metrics
 
@@ -353,7 +353,7 @@ def test_replay_and_learner_are_single_replicas_replaced_whole(bundle):
 def test_actor_replicas_are_the_scale_knob(bundle):
     name, docs = bundle
     actor = deployments(docs)["actor"]
-    expected = {"overlays/large": 32}.get(name, 4)
+    expected = {"overlays/large": 32, "overlays/atari": 16}.get(name, 4)
     assert actor["spec"]["replicas"] == expected
     assert actor["spec"].get("strategy", {}).get("type", "RollingUpdate") == "RollingUpdate"
 
@@ -468,6 +468,16 @@ def test_dpg_overlay_switches_the_whole_stack_by_its_agent_settings():
     assert "action:float32:1:-2..2" in dpg["replay"]["signature"]
     for table in ("replay", "learner", "actor", "evaluator"):  # the same keys, tuned values
         assert set(dpg[table]) == set(base[table]), table
+
+
+def test_atari_overlay_runs_pong_from_compressed_frames_with_room_for_2m_transitions():
+    atari = tomllib.loads(config_toml(bundle_docs("overlays/atari")))
+    assert atari["env"].startswith("ALE/") and atari["replay"]["capacity"] == 2_000_000
+    assert atari["replay"]["signature"].startswith("observations:uint8:2x4x84x84:zstd,")
+    replay = container(deployments(bundle_docs("overlays/atari"))["replay"])["resources"]
+    # benchmarks/atari.py: ~0.46 KB a stored Pong transition, ~1.9 KB MsPacman.
+    assert quantity(replay["requests"]["memory"]) >= 2_000_000 * 0.46e3
+    assert quantity(replay["limits"]["memory"]) >= 2_000_000 * 1.9e3
 
 
 def test_large_overlay_config_differs_only_in_replay():

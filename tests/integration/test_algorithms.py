@@ -101,6 +101,26 @@ def test_replay_refuses_actions_of_the_wrong_dtype_or_out_of_bounds(service_proc
     replay.stop()
 
 
+def test_replay_bounds_every_dimension_of_lunar_lander_actions(service_process):
+    signature = local.signature(AgentConfig(algorithm="dpg", env="LunarLanderContinuous-v3"))
+    replay = service_process("replay", "--signature", signature)
+    obs = np.zeros((2, 8), np.float32)
+    base = {"obs": obs, "reward": np.zeros(2, np.float32), "discount": np.ones(2, np.float32),
+            "next_obs": obs}  # fmt: skip
+    with ReplayClient(replay.address) as client:
+        client.insert(base | {"action": np.array([[-1.0, 1.0], [0.5, -0.25]], np.float32)})
+        for action, message in [
+            (np.zeros((2, 1), np.float32), 'batch.columns["action"]: '),  # one engine, not two
+            (np.array([[0.0, 0.0], [0.0, 1.5]], np.float32), 'batch.columns["action"]: values'),
+        ]:
+            with pytest.raises(grpc.RpcError) as caught:
+                client.insert(base | {"action": action})
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert caught.value.details().startswith(message), caught.value.details()
+        assert client.info().size == 2
+    replay.stop()
+
+
 def test_a_learner_refuses_another_algorithms_checkpoint(service_process, filled_replay, tmp_path):
     ckpt = tmp_path / "learner"
     dqn = service_process("learner", "--replay", filled_replay.address,

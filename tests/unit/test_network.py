@@ -28,8 +28,8 @@ def test_hidden_sizes_are_configurable():
 
 def test_conv_dueling_shapes():
     torch.manual_seed(0)
-    net = build_network((84, 84, 4), np.uint8, num_actions=6)
-    obs = torch.randint(0, 256, (2, 84, 84, 4), dtype=torch.uint8)
+    net = build_network((4, 84, 84), np.uint8, num_actions=6)
+    obs = torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8)
     q = net(obs)
     assert q.shape == (2, 6)
     value = net.value(net.torso(obs)).squeeze(1)
@@ -41,10 +41,10 @@ def test_rejects_unsupported_observations():
     with pytest.raises(ValueError, match="obs_shape"):
         build_network((84, 84), np.uint8, 4)
     with pytest.raises(ValueError, match="obs_shape"):
-        build_network((84, 84, 4), np.float32, 4)
+        build_network((4, 84, 84), np.float32, 4)
 
 
-@pytest.mark.parametrize("obs_shape, dtype", [((4,), np.float32), ((36, 36, 2), np.uint8)])
+@pytest.mark.parametrize("obs_shape, dtype", [((4,), np.float32), ((2, 36, 36), np.uint8)])
 def test_numpy_state_round_trip_gives_identical_outputs(obs_shape, dtype):
     torch.manual_seed(1)
     src = build_network(obs_shape, dtype, 4)

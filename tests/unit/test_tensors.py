@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from apexrl.common import tensors
+from apexrl.common import codec, tensors
 from apexrl.common.errors import InvalidArgument
 from apexrl.v1 import tensor_pb2
 
@@ -55,3 +55,37 @@ def test_malformed_tensors_name_the_field(tensor, field):
 def test_unsupported_dtype_cannot_be_sent():
     with pytest.raises(ValueError, match="complex"):
         tensors.to_proto(np.zeros(2, np.complex64))
+
+
+def test_compressed_tensor_round_trip():
+    items = np.arange(3 * 64, dtype=np.uint8).reshape(3, 8, 8)
+    packed = codec.compress(items)
+    decoded = tensors.from_proto(tensors.to_proto(packed), "batch.columns['x']")
+    assert isinstance(decoded, codec.Packed)
+    assert (decoded.codec, decoded.dtype, decoded.item_shape) == ("zstd", np.uint8, (8, 8))
+    assert decoded.data == packed.data and decoded.sizes.tolist() == packed.sizes.tolist()
+    np.testing.assert_array_equal(codec.decompress(decoded)[0], items)
+
+
+@pytest.mark.parametrize(
+    "change, field, message",
+    [
+        (lambda t: t.sizes.append(1), ".sizes", "4 sizes for 3 items"),
+        (lambda t: setattr(t, "data", t.data + b"x"), ".data", "sizes add up to"),
+        (lambda t: t.shape.__delitem__(slice(None)), ".shape", "needs an item dimension"),
+        (lambda t: setattr(t, "codec", 7), ".codec", "unknown codec 7"),
+    ],
+)
+def test_malformed_compressed_tensor_names_the_field(change, field, message):
+    tensor = tensors.to_proto(codec.compress(np.zeros((3, 4), np.uint8)))
+    change(tensor)
+    with pytest.raises(InvalidArgument, match=message) as err:
+        tensors.from_proto(tensor, "batch.columns['x']")
+    assert err.value.field == "batch.columns['x']" + field
+
+
+def test_sizes_on_a_plain_tensor_are_refused():
+    tensor = tensors.to_proto(np.zeros(3, np.float32))
+    tensor.sizes.append(12)
+    with pytest.raises(InvalidArgument, match="not compressed"):
+        tensors.from_proto(tensor, "t")

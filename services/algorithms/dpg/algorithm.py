@@ -10,12 +10,12 @@ from apexrl.algorithms.base import (
     Learning,
     Policy,
     load_optimizer_state,
-    nstep_columns,
     optimizer_state,
     prefixed,
 )
 from apexrl.algorithms.dpg.losses import critic_loss, policy_loss
 from apexrl.algorithms.dpg.networks import ActorCritic, build_actor_critic
+from apexrl.algorithms.dpg.transitions import check_spaces, columns
 from apexrl.algorithms.exploration import noise_ladder
 from apexrl.algorithms.networks import hidden_sizes, load_numpy_state, state_to_numpy
 
@@ -137,11 +137,7 @@ class DPG(Algorithm):
     exploration_name = "noise_scale"
 
     def __init__(self, config, spec):
-        if spec.discrete:
-            raise ValueError(
-                f"algorithm: dpg needs a continuous (Box) action space, {spec.env_id} has a"
-                f" Discrete one with {spec.num_actions} actions (use algorithm = dqn)"
-            )
+        check_spaces(spec)
         super().__init__(config, spec)
 
     def networks(self) -> ActorCritic:
@@ -155,7 +151,7 @@ class DPG(Algorithm):
         )
 
     def columns(self) -> list[Column]:
-        return nstep_columns(self.spec, np.dtype(np.float32))
+        return columns(self.spec)
 
     def exploration(self, index: int, count: int) -> float:
         return noise_ladder(index, count)

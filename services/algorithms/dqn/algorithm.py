@@ -9,12 +9,12 @@ from apexrl.algorithms.base import (
     Learning,
     Policy,
     load_optimizer_state,
-    nstep_columns,
     optimizer_state,
     prefixed,
 )
 from apexrl.algorithms.dqn.losses import dqn_loss
 from apexrl.algorithms.dqn.networks import QNetwork, build_network
+from apexrl.algorithms.dqn.transitions import check_spaces, columns
 from apexrl.algorithms.exploration import epsilon_ladder
 from apexrl.algorithms.networks import hidden_sizes, load_numpy_state, state_to_numpy
 
@@ -82,11 +82,7 @@ class DQN(Algorithm):
     exploration_name = "epsilon"
 
     def __init__(self, config, spec):
-        if not spec.discrete:
-            raise ValueError(
-                f"algorithm: dqn needs a Discrete action space, {spec.env_id} has a continuous"
-                " one (use algorithm = dpg)"
-            )
+        check_spaces(spec)
         super().__init__(config, spec)
 
     def network(self) -> QNetwork:
@@ -96,7 +92,7 @@ class DQN(Algorithm):
         )
 
     def columns(self) -> list[Column]:
-        return nstep_columns(self.spec, np.dtype(np.int64))
+        return columns(self.spec)
 
     def exploration(self, index: int, count: int) -> float:
         return epsilon_ladder(index, count)

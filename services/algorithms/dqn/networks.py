@@ -33,7 +33,7 @@ def build_network(
     num_actions: int,
     hidden: Sequence[int] = (128, 128),
 ) -> QNetwork:
-    """MLP torso for 1-D float obs, Nature conv torso for uint8 [H, W, C] obs."""
+    """MLP torso for 1-D float obs, Nature conv torso for uint8 [C, H, W] obs."""
     if num_actions < 1:
         raise ValueError(f"num_actions must be >= 1, got {num_actions}")
     torso = build_torso(obs_shape, obs_dtype, hidden)

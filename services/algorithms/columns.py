@@ -1,0 +1,90 @@
+"""The columns transitions carry, without torch: local mode's parent process reads them to give
+the replay its `signature`, and the replay has no torch at all."""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from apexrl.algorithms.envs import EnvSpec
+from apexrl.common import codec
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a transition: name, dtype, per-item shape (the replay's signature)."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    bounds: tuple[float, float] | None = None  # the closed range of its values, if any
+    codec: str | None = None  # items travel and rest compressed (common/codec.py)
+    # The transition fields stacked along axis 1 into this column (one compressed unit).
+    parts: tuple[str, ...] = ()
+
+    def spec(self) -> str:
+        """As the replay's `signature` setting spells it: name:dtype:d0xd1[:low..high|:zstd]."""
+        text = f"{self.name}:{np.dtype(self.dtype).name}:{'x'.join(map(str, self.shape))}"
+        if self.codec:
+            return f"{text}:{self.codec}"
+        return text if self.bounds is None else text + ":{:g}..{:g}".format(*self.bounds)
+
+
+def action_bounds(spec: EnvSpec) -> tuple[float, float] | None:
+    """[lowest low, highest high] of a continuous action space (None for Discrete: the index
+    range is not checked by the replay)."""
+    if spec.discrete:
+        return None
+    return float(spec.action_low.min()), float(spec.action_high.max())
+
+
+def compressed_observations(spec: EnvSpec) -> bool:
+    """Image observations (uint8, 2-D or more) travel and rest compressed."""
+    return np.dtype(spec.obs_dtype) == np.uint8 and len(spec.obs_shape) >= 2
+
+
+def nstep_columns(spec: EnvSpec, action_dtype: np.dtype) -> list[Column]:
+    """The n-step transition (actor/nstep.py): obs, action, reward (the discounted n-step
+    return), discount (gamma^m, 0 after a terminal), next_obs. Learners need neither n nor gamma.
+
+    Image observations go as one compressed column, "observations" = [obs, next_obs] stacked
+    on axis 1: one zstd frame per item, so the frames the two stacks share cost almost nothing.
+    `pack` builds it on the actor, `unpack` takes it apart in the learner's input pipeline.
+    """
+    obs = Column("obs", np.dtype(spec.obs_dtype), spec.obs_shape)
+    next_obs = Column("next_obs", np.dtype(spec.obs_dtype), spec.obs_shape)
+    rest = [
+        Column("action", np.dtype(action_dtype), spec.action_shape, action_bounds(spec)),
+        Column("reward", np.dtype(np.float32), ()),
+        Column("discount", np.dtype(np.float32), ()),
+    ]
+    if not compressed_observations(spec):
+        return [obs, *rest, next_obs]
+    pair = Column(
+        "observations", obs.dtype, (2, *spec.obs_shape), codec="zstd", parts=("obs", "next_obs")
+    )
+    return [pair, *rest]
+
+
+def pack(transitions: dict[str, np.ndarray], columns: list[Column]) -> dict:
+    """Transition fields -> the columns replay stores (stacked parts compressed)."""
+    out = dict(transitions)
+    for column in columns:
+        if column.parts:
+            stacked = np.stack([out.pop(part) for part in column.parts], axis=1)
+            out[column.name] = codec.compress(stacked, column.codec)
+    return out
+
+
+def unpack(stored: dict, columns: list[Column]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Sampled columns -> transition fields, and ok [B]: False for items whose frames did not
+    decode (left zero; the caller drops them)."""
+    out = dict(stored)
+    n = len(next(iter(stored.values())))
+    ok = np.ones(n, dtype=bool)
+    for column in columns:
+        if column.parts:
+            items, decoded = codec.decompress(out.pop(column.name))
+            ok &= decoded
+            for i, part in enumerate(column.parts):
+                out[part] = items[:, i]
+    return out, ok

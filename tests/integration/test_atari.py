@@ -1,0 +1,195 @@
+"""Atari through the real services: actors compress stacked frames, the replay stores and
+checks them without a codec, the learner decodes them off the training thread."""
+
+import grpc
+import numpy as np
+import prometheus_client
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from apexrl import algorithms
+from apexrl.algorithms.columns import unpack
+from apexrl.common import codec
+from apexrl.common.codec import Packed
+from apexrl.config import AgentConfig, LearnerConfig
+from apexrl.learner.metrics import LearnerMetrics
+from apexrl.learner.parameters import ParameterStore
+from apexrl.learner.training import Learner
+from apexrl.replay.client import ReplayClient, SampledBatch, insert_request
+from tests.conftest import in_process_replay, metric, wait_for
+
+pytest.importorskip("ale_py")
+
+PONG = "ALE/Pong-v5"
+
+
+def signature() -> str:
+    return ",".join(c.spec() for c in algorithms.transition_columns(AgentConfig(env=PONG)))
+
+
+def test_pong_transitions_flow_compressed_from_actor_to_learner(service_process):
+    replay = service_process("replay", "--signature", signature(), "--min-size-to-sample", "64")
+    learner = service_process(
+        "learner", "--env", PONG, "--replay", replay.address, "--batch-size", "16",
+        "--max-updates", "5", "--publish-interval", "1",
+    )  # fmt: skip
+    actor = service_process(
+        "actor", "--env", PONG, "--replay", replay.address, "--learner", learner.address,
+        "--num-envs", "2", "--insert-batch", "32",
+    )  # fmt: skip
+    wait_for(
+        lambda: metric(learner.metrics_port, "apexrl_learner_update_step") >= 5, 120, "5 updates"
+    )
+    assert metric(learner.metrics_port, "apexrl_learner_decode_failures_total") == 0
+    assert metric(learner.metrics_port, "apexrl_learner_decode_seconds_total") > 0
+    with ReplayClient(replay.address) as client:
+        info = client.info()
+        batch = client.sample(32)
+    assert info.signature[0].codec == 1  # ZSTD: the replay knows the column is compressed
+    # Everything the table holds per item, frames included, is a small fraction of the raw
+    # 56,448 bytes of an obs / next_obs pair.
+    assert info.stored_bytes / info.size < 2_000, info.stored_bytes / info.size
+    assert isinstance(batch.columns["observations"], Packed)
+    columns = algorithms.transition_columns(AgentConfig(env=PONG))
+    fields, ok = unpack(batch.columns, columns)
+    assert ok.all()
+    assert fields["obs"].shape == (32, 4, 84, 84) and fields["obs"].any()
+    # n = 3: the newest frame of obs is the oldest of next_obs (full windows, nearly all).
+    assert (fields["next_obs"][:, 0] == fields["obs"][:, 3]).all(axis=(1, 2)).mean() > 0.8
+    # Rewards are clipped per step for learning: an n-step return is at most 1 + g + g^2.
+    assert np.abs(fields["reward"]).max() <= 3.0
+    actor.stop()
+    learner.stop()
+    replay.stop()
+
+
+def test_replay_refuses_frames_it_cannot_trust_and_keeps_its_items(service_process):
+    replay = service_process(
+        "replay", "--signature", "observations:uint8:2x4x84x84:zstd,action:int64:"
+    )
+    frames = np.zeros((2, 2, 4, 84, 84), np.uint8)
+    good = {"observations": codec.compress(frames), "action": np.arange(2)}
+    bomb = codec.compress(np.zeros((2, 2, 4, 84, 840), np.uint8))
+    with ReplayClient(replay.address, retry_seconds=0) as client:
+        client.insert(good)
+        for frames_ in (
+            Packed.join("zstd", np.uint8, (2, 4, 84, 84), [b"\x00" * 40] * 2),
+            Packed.join("zstd", np.uint8, (2, 4, 84, 84), bomb.items()),
+        ):
+            with pytest.raises(grpc.RpcError) as err:
+                client.insert(good | {"observations": frames_})
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert 'batch.columns["observations"]' in err.value.details()
+        info = client.info()
+    assert (info.size, info.inserts) == (2, 2)
+    replay.stop()
+
+
+def test_learner_drops_items_whose_frames_do_not_decode():
+    config = LearnerConfig(env=PONG, device="cpu")
+    registry = prometheus_client.CollectorRegistry()
+    learner = Learner(config, algorithms.make(config), LearnerMetrics(registry), ParameterStore())
+    obs = np.random.default_rng(0).integers(0, 255, (3, 2, 4, 84, 84), dtype=np.uint8)
+    frames = codec.compress(obs).items()
+    frames[1] = frames[1][:-10]  # truncated in transit or on disk
+    batch = SampledBatch(
+        columns={
+            "observations": Packed.join("zstd", np.uint8, (2, 4, 84, 84), frames),
+            "action": np.arange(3),
+            "reward": np.zeros(3, np.float32),
+            "discount": np.ones(3, np.float32),
+        },
+        keys=np.array([10, 11, 12]),
+        probabilities=np.full(3, 1 / 3),
+        weights=np.array([1.0, 0.5, 0.25], np.float32),
+        table_size=3,
+    )
+    columns, weights, keys = learner.to_device(batch)
+    assert keys.tolist() == [10, 12]
+    assert weights.tolist() == [1.0, 0.25]
+    np.testing.assert_array_equal(columns["obs"].numpy(), obs[[0, 2], 0])
+    np.testing.assert_array_equal(columns["next_obs"].numpy(), obs[[0, 2], 1])
+    assert registry.get_sample_value("apexrl_learner_decode_failures_total") == 1
+
+
+@pytest.fixture(scope="module")
+def compressed_replay(tmp_path_factory):
+    with in_process_replay(
+        tmp_path_factory.mktemp("replay"), signature="observations:uint8:2x4x8x8:zstd,action:int64:"
+    ) as harness:
+        yield harness
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_compressed_inserts_fuzzed_are_stored_exactly_or_refused_naming_the_column(
+    compressed_replay, data
+):
+    """Random damage to a valid compressed insert (header bytes, truncation, sizes, shape,
+    codec): the replay accepts it exactly when every frame declares the item size, else
+    answers INVALID_ARGUMENT naming the column and keeps its table byte for byte."""
+    harness = compressed_replay
+    n = data.draw(st.integers(1, 4))
+    items = np.zeros((n, 2, 4, 8, 8), np.uint8)
+    items[:, :, :, 2, 3] = np.arange(n)[:, None, None]
+    frames = codec.compress(items).items()
+    i = data.draw(st.integers(0, n - 1))
+    damage = data.draw(st.sampled_from(["header", "truncate", "junk", "none"]))
+    frame = bytearray(frames[i])
+    if damage == "header":
+        at = data.draw(st.integers(0, min(len(frame), 14) - 1))
+        frame[at] ^= data.draw(st.integers(1, 255))
+    elif damage == "truncate":
+        frame = frame[: data.draw(st.integers(0, len(frame) - 1))]
+    elif damage == "junk":
+        frame = bytearray(data.draw(st.binary(max_size=40)))
+    frames[i] = bytes(frame)
+    request = insert_request(
+        "default",
+        {
+            "observations": Packed.join("zstd", np.uint8, (2, 4, 8, 8), frames),
+            "action": np.arange(n),
+        },
+        None,
+    )
+    tensor = request.batch.columns["observations"]
+    if data.draw(st.booleans()):  # damage the tensor's framing too
+        what = data.draw(st.sampled_from(["sizes", "shape", "codec"]))
+        if what == "sizes":
+            tensor.sizes[0] = max(0, tensor.sizes[0] + data.draw(st.integers(-3, 3)))
+        elif what == "shape":
+            tensor.shape[-1] += 1
+        else:
+            tensor.codec = data.draw(st.integers(0, 3))
+    well_framed = (
+        list(tensor.shape) == [n, 2, 4, 8, 8]
+        and tensor.codec == 1
+        and sum(tensor.sizes) == len(tensor.data)
+    )
+    declared_ok = (
+        well_framed
+        and codec.check(
+            Packed(
+                "zstd", np.uint8, (2, 4, 8, 8), tensor.data, np.array(tensor.sizes, np.uint32)
+            ).items(),
+            2 * 4 * 8 * 8,
+        )
+        is None
+    )
+    table = harness.table
+    before = table.digest()
+    inserts = table.inserts
+    with harness.client(retry_seconds=0) as client:
+        try:
+            list(client.stub.Insert(iter([request]), timeout=10))
+            error = None
+        except grpc.RpcError as err:
+            error = err
+    if declared_ok:
+        assert error is None, error.details()
+        assert table.inserts == inserts + n
+    else:
+        assert error is not None and error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.details().startswith('batch.columns["observations"]'), error.details()
+        assert table.digest() == before
