@@ -6,8 +6,13 @@
 
 Tasks: cartpole (CartPole-v1, target 475; apexrl dqn vs SB3 DQN), acrobot (Acrobot-v1, -100;
 dqn vs SB3 DQN), pendulum (Pendulum-v1, -200, gymnasium gives it no threshold; apexrl dpg vs
-SB3 TD3). SB3 runs with the rl-baselines3-zoo hyperparameters of the task (hyperparams/dqn.yml,
-td3.yml).
+SB3 TD3), mountaincar (MountainCarContinuous-v0, 90; dpg vs TD3), lunarlander
+(LunarLanderContinuous-v3, 200, needs the `continuous` extra: box2d; dpg vs TD3). SB3 runs with
+the rl-baselines3-zoo hyperparameters of the task (hyperparams/dqn.yml, td3.yml), but one: where
+the zoo's TD3 trains every step (train_freq 1, gradient_steps 1) we train at each episode's end
+with as many gradient steps as it had env steps (train_freq (1, "episode"), gradient_steps -1,
+the zoo's own TD3 setting before 2024): the same updates per env step, and the evaluation after
+each training round runs once per episode rather than once per step.
 
 Protocol for both (apexrl's evaluator, reproduced for SB3): each new policy plays 10 greedy
 episodes; one that beats the best score so far plays 50 more on fresh seeds and is scored by
@@ -60,6 +65,25 @@ TASKS = {
     "pendulum": dict(
         env="Pendulum-v1", target=-200.0, algorithm="dpg", sb3="TD3", zoo_timesteps=20_000,
         # hyperparams/td3.yml, Pendulum-v1 (noise: normal, std 0.1)
+        zoo=dict(learning_rate=1e-3, buffer_size=200_000, learning_starts=10_000, gamma=0.98,
+                 train_freq=(1, "episode"), gradient_steps=-1,
+                 policy_kwargs=dict(net_arch=[400, 300])),
+        noise_std=0.1,
+    ),
+    "mountaincar": dict(
+        env="MountainCarContinuous-v0", target=90.0, algorithm="dpg", sb3="TD3",
+        zoo_timesteps=300_000,
+        # hyperparams/td3.yml, MountainCarContinuous-v0 (train_freq and gradient_steps: see above;
+        # learning_starts: SB3's default, the zoo sets none)
+        zoo=dict(learning_rate=1e-3, batch_size=256, learning_starts=100,
+                 train_freq=(1, "episode"), gradient_steps=-1,
+                 policy_kwargs=dict(net_arch=[400, 300])),
+        noise="ornstein-uhlenbeck", noise_std=0.5,
+    ),
+    "lunarlander": dict(
+        env="LunarLanderContinuous-v3", target=200.0, algorithm="dpg", sb3="TD3",
+        zoo_timesteps=300_000,
+        # hyperparams/td3.yml, LunarLanderContinuous-v3 (train_freq and gradient_steps: see above)
         zoo=dict(learning_rate=1e-3, buffer_size=200_000, learning_starts=10_000, gamma=0.98,
                  train_freq=(1, "episode"), gradient_steps=-1,
                  policy_kwargs=dict(net_arch=[400, 300])),
@@ -144,7 +168,7 @@ def run_sb3(task: dict, seed: int, budget: float, max_steps: int) -> dict:
     import stable_baselines3
     import torch
     from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.noise import NormalActionNoise
+    from stable_baselines3.common.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
 
     torch.set_num_threads(2)  # SB3 is one process: let it use both cores
     launched = time.monotonic()
@@ -187,11 +211,12 @@ def run_sb3(task: dict, seed: int, budget: float, max_steps: int) -> dict:
 
     callback = EvalAfterTraining()
     settings = dict(task["zoo"])
-    if "noise_std" in task:
+    if "noise_std" in task:  # as the zoo builds it: sigma = noise_std per action dimension
         import gymnasium as gym
 
         size = gym.make(task["env"]).action_space.shape[0]
-        settings["action_noise"] = NormalActionNoise(
+        noise = {"normal": NormalActionNoise, "ornstein-uhlenbeck": OrnsteinUhlenbeckActionNoise}
+        settings["action_noise"] = noise[task.get("noise", "normal")](
             np.zeros(size), task["noise_std"] * np.ones(size)
         )
     algorithm = getattr(stable_baselines3, task["sb3"])
@@ -213,6 +238,9 @@ def run_sb3(task: dict, seed: int, budget: float, max_steps: int) -> dict:
         ),
         **fresh,
         "eval_seconds_excluded": round(callback.eval_seconds, 1), "evaluations": callback.evals,
+        # what an unsolved run reached: the best model's score, after how many env steps
+        "best_score": round(float(callback.best), 1) if callback.best_state is not None else None,
+        "env_steps_done": model.num_timesteps,
     }  # fmt: skip
 
 
