@@ -296,15 +296,26 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
             ) from err
 
     async def checkpoint(self) -> replay_pb2.CheckpointResponse:
-        """Copies every table on the loop, then writes the file in a worker thread."""
+        """Copies every table on the loop, a chunk of slots at a time with other calls served in
+        between (copy-on-write: the copy is each table as of the start), then writes the file in
+        a worker thread."""
         async with self._checkpoint_lock:
             started = time.perf_counter()
-            states = [t.snapshot() for t in self.tables.values()]
-            paused = time.perf_counter() - started
+            snapshots = [t.begin_snapshot() for t in self.tables.values()]
+            paused = 0.0  # the longest the loop spent copying at one go
+            for snapshot in snapshots:
+                while not snapshot.done:
+                    step = time.perf_counter()
+                    snapshot.copy_next()
+                    paused = max(paused, time.perf_counter() - step)
+                    await asyncio.sleep(0)
+
+            def write() -> tuple:  # in a worker thread: joining the chunks is a copy too
+                states = [snapshot.assemble() for snapshot in snapshots]
+                return checkpoint.write_checkpoint(self.checkpoint_dir, states)
+
             try:
-                path, size = await asyncio.to_thread(
-                    checkpoint.write_checkpoint, self.checkpoint_dir, states
-                )
+                path, size = await asyncio.to_thread(write)
             except OSError as err:  # nothing replaced: the previous checkpoints stay
                 self.metrics.checkpoint_failures.inc()
                 log.error("checkpoint failed, previous ones kept: %s", err)
@@ -314,7 +325,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
             self.metrics.checkpoint_bytes.set(size)
             self.metrics.checkpoint_time.set(time.time())
             log.info(
-                "checkpoint %s: %d bytes in %.2f s (tables paused %.3f s)",
+                "checkpoint %s: %d bytes in %.2f s (tables paused at most %.3f s at a time)",
                 path,
                 size,
                 seconds,

@@ -23,6 +23,7 @@ from apexrl.common import codec
 from apexrl.common.codec import Packed
 from apexrl.common.errors import FailedPrecondition, InvalidArgument
 from apexrl.replay.frames import EMPTY_ROWS, FrameRows, FrameStore
+from apexrl.replay.snapshot import Snapshot
 from apexrl.replay.sumtree import SumTree, last_occurrence
 
 # The dtypes apexrl.v1.DType can carry (all little-endian; '<f4' == '=f4' here).
@@ -283,6 +284,7 @@ class Table:
 
         self._signature: tuple[ColumnSpec, ...] | None = None
         self._columns: dict[str, np.ndarray | FrameStore] = {}
+        self._snapshot: Snapshot | None = None  # being taken: told before every write
         if signature is not None:
             self._declare(self._check_signature(signature))
 
@@ -469,6 +471,9 @@ class Table:
         first = self.inserts
         start = first % self.capacity
         head = min(n, self.capacity - start)  # items before wrap-around
+        if self._snapshot is not None:
+            self._snapshot.before_write(start, start + head)
+            self._snapshot.before_write(0, n - head)
         # Contiguous slice copies (at most two, n <= capacity): rows can be tens of KB,
         # where fancy indexing would be far slower.
         for name, array in columns.items():
@@ -571,6 +576,8 @@ class Table:
         if updated:
             unique_slots, last = last_occurrence(slots[live])
             new = p[live][last]
+            if self._snapshot is not None:
+                self._snapshot.before_priority_write(unique_slots)
             self.priorities[unique_slots] = new
             self.tree.set(unique_slots, new**self.alpha)
             self.max_priority = max(self.max_priority, float(new.max()))
@@ -625,27 +632,16 @@ class Table:
         return h.hexdigest()
 
     def snapshot(self) -> TableState:
-        """A consistent copy of the state (copies only: cheap enough for the event loop)."""
-        size = self.size
-        return TableState(
-            name=self.name,
-            capacity=self.capacity,
-            alpha=self.alpha,
-            signature=self._signature,
-            rate_limiter=self.rate_limiter,
-            max_batch_size=self.max_batch_size,
-            inserts=self.inserts,
-            samples=self.samples,
-            priority_updates=self.priority_updates,
-            stale_priority_updates=self.stale_priority_updates,
-            max_priority=self.max_priority,
-            slot_keys=self.slot_keys.copy(),
-            priorities=self.priorities.copy(),
-            columns={
-                k: v.copy(size) if isinstance(v, FrameStore) else v[:size].copy()
-                for k, v in self._columns.items()
-            },
-        )
+        """A consistent copy of the state, taken at once."""
+        return self.begin_snapshot().finish()
+
+    def begin_snapshot(self) -> Snapshot:
+        """A copy of the state as of now, taken a chunk at a time (`Snapshot.copy_next`) while
+        the table goes on changing: the server's checkpoints yield between chunks."""
+        if self._snapshot is not None:  # one snapshot at a time: the older one completes first
+            self._snapshot.finish()
+        self._snapshot = Snapshot(self)
+        return self._snapshot
 
     @classmethod
     def from_state(
@@ -672,6 +668,8 @@ class Table:
         between runs); capacity, alpha and signature must match.
         """
         self._check_state(state)
+        if self._snapshot is not None:  # one in progress keeps the contents it began with
+            self._snapshot.finish()
         size, old_size = state.size, self.size
         if state.signature is not None and self._signature is None:
             self._declare(tuple(state.signature))

@@ -11,6 +11,7 @@ from apexrl.common.codec import Packed
 from apexrl.common.errors import InvalidArgument
 from apexrl.replay import checkpoint
 from apexrl.replay.server import parse_signature
+from apexrl.replay.snapshot import CHUNK
 from apexrl.replay.table import PACKED_ITEM_OVERHEAD, ColumnSpec, Table
 from tests.unit.test_codec import frames
 
@@ -139,3 +140,35 @@ def test_an_inserts_frames_share_one_object_freed_when_all_are_overwritten():
     assert sys.getrefcount(blob) == held - 2  # two of its slots overwritten
     t.insert(batch(2, start=6)[0])
     assert sys.getrefcount(blob) == held - 4  # no slot refers to it: it is freed with `first`
+
+
+def test_a_snapshot_taken_chunk_by_chunk_is_the_table_as_it_began():
+    """Inserts (wrapping around) and priority updates between the chunks of a snapshot do
+    not leak into it: restored, it equals the table at the snapshot's start, byte for byte."""
+    capacity = 2 * CHUNK + 100
+    t = Table(
+        "t", capacity, signature=parse_signature("observations:uint8:2x4x8x8:zstd,action:int64:")
+    )
+    items = np.zeros((256, 2, 4, 8, 8), np.uint8)
+    for start in range(0, capacity + 500, 256):
+        items[:, 0, 0, 0, 0] = start % 251
+        t.insert(
+            {"observations": codec.compress(items), "action": np.arange(start, start + 256)},
+            np.random.default_rng(start).random(256) + 0.1,
+        )
+    before = Table.from_state(t.snapshot()).digest()
+    snapshot = t.begin_snapshot()
+    assert t.inserts % capacity < CHUNK  # the inserts below land in chunk 0, not yet copied
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        t.insert(
+            {"observations": codec.compress(items[:64] + 1), "action": np.arange(64) - 1},
+            rng.random(64) + 5,
+        )
+        keys = rng.integers(0, t.inserts, 3000)
+        t.update_priorities(keys, rng.random(3000) + 9)
+        snapshot.copy_next()
+    state = snapshot.finish()
+    assert t.digest() != before
+    assert Table.from_state(state).digest() == before
+    assert t._snapshot is None  # done: the table's writes no longer copy anything
