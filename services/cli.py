@@ -4,6 +4,7 @@ Local mode, containers and Kubernetes all start the services through these comma
 """
 
 import asyncio
+import functools
 import sys
 
 from apexrl import config as cfg
@@ -55,7 +56,11 @@ def actor(argv: list[str]) -> None:
     from apexrl.actor import service
 
     config, registry = _setup(cfg.ActorConfig, argv, "actor")
-    _work(config, service.run, "actor", registry)
+    try:
+        metrics = service.register_metrics(config, registry)
+    except ValueError as err:  # an unknown algorithm
+        _refuse("actor", err)
+    _work(config, functools.partial(service.run, metrics=metrics), "actor", registry)
 
 
 def evaluator(argv: list[str]) -> None:

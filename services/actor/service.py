@@ -221,12 +221,22 @@ def _short(err: Exception) -> str:
     return details() if callable(details) else str(err)
 
 
+def register_metrics(
+    config: ActorConfig, registry: prometheus_client.CollectorRegistry
+) -> ActorMetrics:
+    """The actor's metrics, registered before the process says it is ready (its ready file):
+    every scrape from the first on sees them."""
+    return ActorMetrics(registry, algorithms.get(config.algorithm).exploration_name)
+
+
 def run(
-    config: ActorConfig, registry: prometheus_client.CollectorRegistry, stop: threading.Event
+    config: ActorConfig,
+    registry: prometheus_client.CollectorRegistry,
+    stop: threading.Event,
+    metrics: ActorMetrics | None = None,
 ) -> None:
     torch.set_num_threads(config.threads)
-    # Registered before the env is made: scrapers see every metric from the first scrape on.
-    metrics = ActorMetrics(registry, algorithms.get(config.algorithm).exploration_name)
+    metrics = metrics or register_metrics(config, registry)
     actor_id = uuid.uuid4().hex
     seed = (config.seed or int.from_bytes(uuid.uuid4().bytes[:4], "little")) + int(actor_id[:6], 16)
     rng = np.random.default_rng(seed)

@@ -24,7 +24,13 @@ from prometheus_client.core import (
 
 from apexrl.common import tensors
 from apexrl.common.codec import CODECS
-from apexrl.common.errors import FailedPrecondition, Internal, NotFound, ResourceExhausted
+from apexrl.common.errors import (
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
 from apexrl.common.serving import Service
 from apexrl.config import ReplayConfig
 from apexrl.replay import checkpoint
@@ -202,12 +208,17 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
         async with self._changed:
             self._changed.notify_all()
 
-    async def _wait(self, context, table: Table, operation: str, ready) -> None:
-        """Waits until the rate limiter admits the call, bounded by the call's deadline."""
+    async def _wait(
+        self, context, table: Table, operation: str, ready, max_wait: float = 0.0
+    ) -> None:
+        """Waits until the rate limiter admits the call, bounded by the call's deadline (and by
+        max_wait seconds when > 0: a request on a long-lived stream)."""
         if ready():
             return
         started = time.perf_counter()
         remaining = context.time_remaining()
+        if max_wait > 0:
+            remaining = max_wait if remaining is None else min(remaining, max_wait)
         try:
             async with self._changed:
                 await asyncio.wait_for(
@@ -242,7 +253,10 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
                 else None
             )
             n = table.validate_insert(columns, priorities)
-            await self._wait(context, table, "insert", table.can_insert)
+            max_wait = request.max_wait_seconds
+            if not max_wait >= 0:  # NaN fails too
+                raise InvalidArgument("max_wait_seconds", f"must be >= 0, got {max_wait}")
+            await self._wait(context, table, "insert", table.can_insert, max_wait)
             first_key = table.insert(columns, priorities)
             await self._notify()
             yield replay_pb2.InsertResponse(inserted=n, first_key=first_key, table_size=table.size)

@@ -8,14 +8,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class InsertRequest(_message.Message):
-    __slots__ = ("table", "batch", "priorities")
+    __slots__ = ("table", "batch", "priorities", "max_wait_seconds")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     PRIORITIES_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     table: str
     batch: _tensor_pb2.Batch
     priorities: _tensor_pb2.Tensor
-    def __init__(self, table: _Optional[str] = ..., batch: _Optional[_Union[_tensor_pb2.Batch, _Mapping]] = ..., priorities: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
+    max_wait_seconds: float
+    def __init__(self, table: _Optional[str] = ..., batch: _Optional[_Union[_tensor_pb2.Batch, _Mapping]] = ..., priorities: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., max_wait_seconds: _Optional[float] = ...) -> None: ...
 
 class InsertResponse(_message.Message):
     __slots__ = ("inserted", "first_key", "table_size")

@@ -312,3 +312,36 @@ def test_metrics_endpoint(replay):
     ) in text
     assert 'grpc_code="INVALID_ARGUMENT",grpc_method="Sample"' in text
     assert 'grpc_server_handling_seconds_bucket{grpc_code="OK",grpc_method="Insert"' in text
+
+
+def test_inserts_share_one_stream_and_a_refused_one_does_not_poison_the_next(replay):
+    """ReplayClient keeps one Insert stream open; a refused request ends that stream (as the
+    contract says) and the next insert opens a new one."""
+
+    def insert_calls() -> float:
+        text = metrics_text(replay.metrics_port)
+        lines = [line for line in text.splitlines()
+                 if line.startswith("grpc_server_started_total") and 'grpc_method="Insert"' in line]  # fmt: skip
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+    with replay.client() as client:
+        for start in range(0, 50, 5):
+            client.insert(transitions(5, start=start))
+        assert insert_calls() == 1
+        bad = transitions(2, start=50) | {"reward": np.zeros(2, np.float64)}
+        with pytest.raises(grpc.RpcError) as caught:
+            client.insert(bad)
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert client.insert(transitions(3, start=50)).table_size == 53
+        assert insert_calls() == 2
+
+
+@pytest.mark.parametrize("wait", [-1.0, float("nan")])
+def test_insert_max_wait_must_be_a_duration(replay, wait):
+    with replay.client(retry_seconds=0) as client:
+        request = insert_request("default", transitions(2), None, wait)
+        with pytest.raises(grpc.RpcError) as caught:
+            list(client.stub.Insert(iter([request]), timeout=5))
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith("max_wait_seconds")
+    assert replay.table.size == 0
