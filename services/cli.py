@@ -67,7 +67,8 @@ def evaluator(argv: list[str]) -> None:
     from apexrl.evaluator import service
 
     config, registry = _setup(cfg.EvaluatorConfig, argv, "evaluator")
-    _work(config, service.run, "evaluator", registry)
+    metrics = service.EvaluatorMetrics(registry)
+    _work(config, functools.partial(service.run, metrics=metrics), "evaluator", registry)
 
 
 def local(argv: list[str]) -> None:

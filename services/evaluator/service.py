@@ -50,10 +50,14 @@ class EvaluatorMetrics:
 
 
 def run(
-    config: EvaluatorConfig, registry: prometheus_client.CollectorRegistry, stop: threading.Event
+    config: EvaluatorConfig,
+    registry: prometheus_client.CollectorRegistry,
+    stop: threading.Event,
+    metrics: EvaluatorMetrics | None = None,
 ) -> None:
+    """metrics: registered by the caller before the ready file, so every scrape sees them."""
     torch.set_num_threads(config.threads)
-    m = EvaluatorMetrics(registry)
+    m = metrics or EvaluatorMetrics(registry)
     algorithm = algorithms.make(config)
     policy = algorithm.policy()
     learner = LearnerClient(config.learner, retry_seconds=1.0, tls=config)
