@@ -1,5 +1,7 @@
 """Insert paths side by side: the shipping ReplayClient.insert (one long-lived stream) against a
-stream opened per call (what ReplayClient did before) and a raw stream (the ceiling).
+stream opened per call (what ReplayClient did before) and a raw stream (the ceiling); and one
+transition at a time through ReplayClient.writer, confirming (flush) every 64 as Reverb's
+writers do.
 
     .venv/bin/python benchmarks/insert_paths.py [--seconds 3] [--repeats 3]
 
@@ -43,6 +45,23 @@ def shipping(client: ReplayClient, n: int, seconds: float) -> float:
     return rate(lambda: client.insert(batch), n, seconds)
 
 
+def writer_flush_64(client: ReplayClient, n: int, seconds: float) -> float:
+    """One transition per append (n is ignored), flush (wait for the acks) every 64."""
+    rows = transitions(64)
+    items = [{k: v[i] for k, v in rows.items()} for i in range(64)]
+    writer = client.writer(batch=64)
+
+    def sixty_four() -> None:
+        for item in items:
+            writer.append(item, 1.0)
+        writer.flush()
+
+    try:
+        return rate(sixty_four, 64, seconds)
+    finally:
+        writer.close()
+
+
 def stream_per_call(client: ReplayClient, n: int, seconds: float) -> float:
     request = insert_request(client.table, transitions(n), None)
     return rate(lambda: list(client.stub.Insert(iter([request]), timeout=30)), n, seconds)
@@ -76,6 +95,9 @@ def main() -> None:
     try:
         with ReplayClient(address) as client:
             for _ in range(args.repeats):
+                runs.setdefault("writer_1_flush_64", []).append(
+                    writer_flush_64(client, 1, args.seconds)
+                )
                 for n in (1, 64):
                     for name, path in (("shipping", shipping), ("stream_per_call", stream_per_call),
                                        ("raw_stream_ceiling", raw_stream)):  # fmt: skip

@@ -11,6 +11,7 @@ too long, with DEADLINE_EXCEEDED, as a per-call deadline did. A stream that fail
 is dropped and the next insert opens a new one.
 """
 
+import collections
 import queue
 import threading
 import time
@@ -82,9 +83,18 @@ class InsertStream:
             self._acks.put(err)
 
     def insert(self, request, timeout: float) -> replay_pb2.InsertResponse:
-        """Sends one request and waits for its ack (the replay bounds the rate limiter's wait
-        by the request's max_wait_seconds; `timeout` only guards against a silent peer)."""
+        """Sends one request and waits for its ack."""
+        self.send(request)
+        return self.ack(timeout)
+
+    def send(self, request) -> None:
+        """Queues a request; its ack comes, in order, from ack()."""
         self._requests.put(request)
+
+    def ack(self, timeout: float) -> replay_pb2.InsertResponse:
+        """The next ack (the replay bounds the rate limiter's wait by each request's
+        max_wait_seconds; `timeout` only guards against a silent peer); the stream's error if
+        it failed."""
         try:
             ack = self._acks.get(timeout=timeout)
         except queue.Empty:
@@ -101,6 +111,89 @@ class InsertStream:
         if self._reader.is_alive():
             self._call.cancel()
             self._reader.join(5)
+
+
+class ReplayWriter:
+    """Transitions one at a time, sent in batches over an insert stream of its own with up to
+    `window` batches awaiting their acks (Reverb's writers: append, and confirm on flush).
+
+    `append` copies the item into a preallocated batch; a full batch is sent without waiting;
+    `flush` sends what is buffered and waits for every ack. `landed` counts the items the
+    replay acknowledged. Delivery is at-least-once: when the stream fails (UNAVAILABLE:
+    retried as the client retries) the batches without an ack are sent again on a new one.
+    A refused batch (INVALID_ARGUMENT, ...) raises from the call that learns of it; the
+    batches after it are sent again with the next batch or flush.
+    """
+
+    def __init__(self, client: "ReplayClient", batch: int = 64, window: int = 8):
+        if batch < 1 or window < 1:
+            raise ValueError(f"batch and window must be >= 1, got {batch}, {window}")
+        self.client, self.batch, self.window = client, batch, window
+        self.landed = 0
+        self._columns: dict[str, np.ndarray] | None = None  # from the first item's arrays
+        self._priorities = np.zeros(batch, np.float64)
+        self._count = 0
+        self._unacked: collections.deque = collections.deque()  # sent, no ack yet
+        self._stream: InsertStream | None = None
+
+    def append(self, item: dict[str, np.ndarray], priority: float) -> None:
+        if self._columns is None:
+            self._columns = {k: np.zeros((self.batch, *np.shape(v)), np.asarray(v).dtype)
+                             for k, v in item.items()}  # fmt: skip
+        for name, column in self._columns.items():
+            column[self._count] = item[name]
+        self._priorities[self._count] = priority
+        self._count += 1
+        if self._count == self.batch:
+            self._send_buffered()
+
+    def flush(self) -> None:
+        """Sends what is buffered; returns once the replay has acknowledged everything."""
+        if self._count:
+            self._send_buffered()
+        while self._unacked:
+            self._take_ack()
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+
+    def _send_buffered(self) -> None:
+        n, self._count = self._count, 0
+        columns = {k: v[:n] for k, v in self._columns.items()}  # to_proto copies the bytes
+        request = insert_request(
+            self.client.table, columns, self._priorities[:n], self.client.timeout
+        )
+        while len(self._unacked) >= self.window:
+            self._take_ack()
+        stream = self._open()  # (a new stream re-sends the unacknowledged before this one)
+        self._unacked.append(request)
+        stream.send(request)
+
+    def _open(self) -> InsertStream:
+        if self._stream is None:  # a new stream: what the old one left unacknowledged first
+            self._stream = InsertStream(self.client.stub)
+            for request in self._unacked:
+                self._stream.send(request)
+        return self._stream
+
+    def _take_ack(self) -> None:
+        def ack() -> replay_pb2.InsertResponse:
+            try:
+                return self._open().ack(self.client.timeout + ReplayClient.ACK_MARGIN)
+            except BaseException:
+                self.close()  # its remaining acks are lost with it
+                raise
+
+        try:
+            response = self.client._retry(ack, "insert")
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNAVAILABLE:
+                self._unacked.popleft()  # refused: the ones after it go again on a new stream
+            raise
+        self._unacked.popleft()
+        self.landed += response.inserted
 
 
 class StreamTimeout(grpc.RpcError):
@@ -150,6 +243,10 @@ class ReplayClient(GrpcClient):
             except BaseException:
                 self._drop_stream()  # its acks would be out of step with later requests
                 raise
+
+    def writer(self, batch: int = 64, window: int = 8) -> ReplayWriter:
+        """A writer of single transitions (see ReplayWriter); close it, or flush, when done."""
+        return ReplayWriter(self, batch, window)
 
     def _drop_stream(self) -> None:
         stream, self._stream = self._stream, None

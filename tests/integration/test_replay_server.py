@@ -345,3 +345,34 @@ def test_insert_max_wait_must_be_a_duration(replay, wait):
     assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert caught.value.details().startswith("max_wait_seconds")
     assert replay.table.size == 0
+
+
+def test_writer_sends_single_transitions_in_pipelined_batches(replay):
+    """ReplayWriter: 1,000 transitions appended one at a time land in order, acknowledged by
+    flush; a refused batch raises and the batches after it still land."""
+    rows = transitions(1000)
+    with replay.client() as client:
+        writer = client.writer(batch=64, window=4)
+        for i in range(1000):
+            writer.append({k: v[i] for k, v in rows.items()}, float(i % 7) + 0.5)
+        assert writer.landed < 1000 or replay.table.size == 1000  # some may await their ack
+        writer.flush()
+        assert writer.landed == 1000 and replay.table.size == 1000
+        np.testing.assert_array_equal(replay.table.columns["obs"][:1000], rows["obs"])
+        np.testing.assert_array_equal(replay.table.priorities[:7], np.arange(7) + 0.5)
+
+        good = {k: v[0] for k, v in transitions(1, start=5).items()}
+        other = client.writer(batch=2, window=4)
+        other.append(good, 1.0)
+        other.append(good, 1.0)  # batch 1: good
+        with pytest.raises(grpc.RpcError) as caught:
+            other.append(good, -1.0)
+            other.append(good, 1.0)  # batch 2: a negative priority
+            other.append(good, 1.0)
+            other.append(good, 1.0)  # batch 3: good, sent behind the refused one
+            other.flush()
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        other.flush()  # batch 3 goes again on a new stream
+        assert replay.table.size == 1004 and other.landed == 4
+        writer.close()
+        other.close()
