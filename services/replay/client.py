@@ -137,6 +137,8 @@ class ReplayWriter:
         self._stream: InsertStream | None = None
 
     def append(self, item: dict[str, np.ndarray], priority: float) -> None:
+        if self._count == self.batch:  # still full: sending it failed last time
+            self._send_buffered()
         if self._columns is None:
             self._columns = {k: np.zeros((self.batch, *np.shape(v)), np.asarray(v).dtype)
                              for k, v in item.items()}  # fmt: skip
@@ -160,13 +162,13 @@ class ReplayWriter:
             self._stream = None
 
     def _send_buffered(self) -> None:
+        while len(self._unacked) >= self.window:  # may raise: the batch then stays buffered
+            self._take_ack()
         n, self._count = self._count, 0
         columns = {k: v[:n] for k, v in self._columns.items()}  # to_proto copies the bytes
         request = insert_request(
             self.client.table, columns, self._priorities[:n], self.client.timeout
         )
-        while len(self._unacked) >= self.window:
-            self._take_ack()
         stream = self._open()  # (a new stream re-sends the unacknowledged before this one)
         self._unacked.append(request)
         stream.send(request)

@@ -374,5 +374,16 @@ def test_writer_sends_single_transitions_in_pipelined_batches(replay):
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         other.flush()  # batch 3 goes again on a new stream
         assert replay.table.size == 1004 and other.landed == 4
-        writer.close()
-        other.close()
+        # Window 1: the refusal surfaces while the next batch waits for room; that batch
+        # stays buffered and goes with the next append or flush.
+        third = client.writer(batch=2, window=1)
+        for priority in (1.0, 1.0, -1.0, 1.0):
+            third.append(good, priority)
+        with pytest.raises(grpc.RpcError):
+            third.append(good, 2.0)
+            third.append(good, 2.0)
+        third.flush()
+        assert replay.table.size == 1008 and third.landed == 4
+        assert replay.table.priorities[1006:1008].tolist() == [2.0, 2.0]
+        for w in (writer, other, third):
+            w.close()
