@@ -116,3 +116,29 @@ def test_bad_setting_fails_fast_naming_it(tmp_path):
     )  # fmt: skip
     assert result.returncode != 0
     assert "alpha" in result.stderr
+
+
+def test_writer_resends_what_a_killed_replay_never_acknowledged(replay_process):
+    """A replay killed under a writer: the batches it never acknowledged go again, on a new
+    stream, to the replay restarted at the same address; none is lost, none doubled."""
+    first = replay_process("--min-size-to-sample", "1")
+    port = first.address.rsplit(":", 1)[1]
+    rows = transitions(300)
+    with ReplayClient(first.address, retry_seconds=60) as client:
+        writer = client.writer(batch=50, window=8)
+        for i in range(100):
+            writer.append({k: v[i] for k, v in rows.items()}, 1.0)
+        writer.flush()
+        first.kill()  # SIGKILL: nothing checkpointed, every connection cut
+        second = replay_process("--min-size-to-sample", "1", "--port", port)
+        for i in range(100, 300):
+            writer.append({k: v[i] for k, v in rows.items()}, 1.0)
+        writer.flush()
+        assert writer.landed == 300
+        info = client.info()
+        batch = client.sample(200)
+        writer.close()
+    assert (info.size, info.inserts) == (200, 200)  # the new replay: exactly the 200 after
+    # In order, each once: key k of the new replay holds row 100 + k.
+    np.testing.assert_array_equal(batch.columns["obs"], rows["obs"][100 + batch.keys])
+    second.stop()
