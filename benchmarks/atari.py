@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from replay_load import proc_stats  # benchmarks/, on sys.path as the script's folder
 
 RAW_PAIR_BYTES = 2 * 4 * 84 * 84
 
@@ -98,10 +99,7 @@ def start_replay(
 
 
 def rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
+    return proc_stats(pid)["rss"]
 
 
 def bytes_per_transition(game: str, capacity: int, folder: Path) -> dict:

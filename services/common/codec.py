@@ -38,20 +38,20 @@ class Packed:
     def item_nbytes(self) -> int:
         return math.prod(self.item_shape) * np.dtype(self.dtype).itemsize
 
-    def items(self) -> list[bytes]:
-        """Each item's frame as its own bytes object."""
+    def items(self) -> list[memoryview]:
+        """Each item's frame, as a view into `data` (no copy)."""
         ends = np.cumsum(self.sizes, dtype=np.int64).tolist()
         view = memoryview(self.data)
-        return [bytes(view[s:e]) for s, e in zip([0, *ends[:-1]], ends, strict=True)]
+        return [view[s:e] for s, e in zip([0, *ends[:-1]], ends, strict=True)]
 
     @classmethod
     def join(cls, codec: str, dtype, item_shape, items) -> "Packed":
-        """Frames (a sequence of bytes) as one Packed."""
+        """Frames (a sequence of bytes-like objects) as one Packed."""
         sizes = np.fromiter(map(len, items), dtype=np.uint32, count=len(items))
         return cls(codec, np.dtype(dtype), tuple(item_shape), b"".join(items), sizes)
 
 
-def content_size(frame: bytes) -> int | None:
+def content_size(frame: bytes | memoryview) -> int | None:
     """The decompressed size a zstd frame header declares; None if `frame` does not start with
     a zstd frame header declaring one (or names a dictionary: apexrl uses none).
 
