@@ -81,6 +81,16 @@ def test_dpg_actors_and_learner_train_through_the_same_services(service_process)
         proc.stop()
 
 
+def assert_refused(client: ReplayClient, base: dict, cases: list) -> None:
+    """Each (action, message): an insert of base with that action is INVALID_ARGUMENT, its
+    message starting with `message`."""
+    for action, message in cases:
+        with pytest.raises(grpc.RpcError) as caught:
+            client.insert(base | {"action": action})
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.details().startswith(message), caught.value.details()
+
+
 def test_replay_refuses_actions_of_the_wrong_dtype_or_out_of_bounds(service_process):
     signature = local.signature(AgentConfig(algorithm="dpg", env="Pendulum-v1"))
     replay = service_process("replay", "--signature", signature)
@@ -88,15 +98,11 @@ def test_replay_refuses_actions_of_the_wrong_dtype_or_out_of_bounds(service_proc
     base = {"obs": obs, "reward": np.zeros(4, np.float32), "discount": np.ones(4, np.float32),
             "next_obs": obs}  # fmt: skip
     with ReplayClient(replay.address) as client:
-        for action, message in [
+        assert_refused(client, base, [
             (np.zeros(4, np.int64), 'batch.columns["action"]: dtype must be float32'),
             (np.zeros((4, 1), np.int64), 'batch.columns["action"]: dtype must be float32'),
             (np.full((4, 1), 3.0, np.float32), 'batch.columns["action"]: values must lie in'),
-        ]:
-            with pytest.raises(grpc.RpcError) as caught:
-                client.insert(base | {"action": action})
-            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert caught.value.details().startswith(message), caught.value.details()
+        ])  # fmt: skip
         assert client.info().size == 0
     replay.stop()
 
@@ -109,14 +115,10 @@ def test_replay_bounds_every_dimension_of_lunar_lander_actions(service_process):
             "next_obs": obs}  # fmt: skip
     with ReplayClient(replay.address) as client:
         client.insert(base | {"action": np.array([[-1.0, 1.0], [0.5, -0.25]], np.float32)})
-        for action, message in [
+        assert_refused(client, base, [
             (np.zeros((2, 1), np.float32), 'batch.columns["action"]: '),  # one engine, not two
             (np.array([[0.0, 0.0], [0.0, 1.5]], np.float32), 'batch.columns["action"]: values'),
-        ]:
-            with pytest.raises(grpc.RpcError) as caught:
-                client.insert(base | {"action": action})
-            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert caught.value.details().startswith(message), caught.value.details()
+        ])  # fmt: skip
         assert client.info().size == 2
     replay.stop()
 
