@@ -114,6 +114,11 @@ class ReplayConfig(ServeConfig):
         600.0, "seconds between periodic checkpoints (0: only on request/SIGTERM)"
     )
     seed: int = option(0, "sampling RNG seed (0: from the OS)")
+    shard: str = option(
+        "0",
+        "this replay's shard id, 0-32767 (the top bits of its keys), or 'hostname': the ordinal "
+        "at the end of the host name (StatefulSet pod replay-2 is shard 2)",
+    )
 
 
 @dataclass
@@ -122,7 +127,11 @@ class LearnerConfig(AgentConfig, ClientTLSConfig, ServeConfig):
 
     port: int = option(50052, "gRPC port (0 picks a free one; see --ready-file)")
     metrics_port: int = option(9101, "Prometheus /metrics HTTP port (0 picks a free one)")
-    replay: str = option("127.0.0.1:50051", "replay server address")
+    replay: str = option(
+        "127.0.0.1:50051",
+        "replay address: host:port (one replay), h0:p,h1:p,... (shards 0, 1, ... in order) or "
+        "dns:///name:port (every address the name resolves to is a shard)",
+    )
     device: str = option(
         "auto", "torch device: auto (CUDA when present, else CPU), cpu, cuda, cuda:N"
     )
@@ -149,7 +158,11 @@ class ActorConfig(AgentConfig, ClientTLSConfig, ProcessConfig):
     """apexrl actor: epsilon-greedy on its copy of the network; n-step transitions to replay."""
 
     metrics_port: int = option(9102, "Prometheus /metrics HTTP port (0 picks a free one)")
-    replay: str = option("127.0.0.1:50051", "replay server address")
+    replay: str = option(
+        "127.0.0.1:50051",
+        "replay address: host:port (one replay), h0:p,h1:p,... (shards 0, 1, ... in order) or "
+        "dns:///name:port (every address the name resolves to is a shard)",
+    )
     learner: str = option("127.0.0.1:50052", "learner server address")
     num_envs: int = option(8, "environments stepped together (batched inference)")
     pull_interval: int = option(400, "env steps between parameter pulls (Ape-X: 400)")

@@ -35,6 +35,7 @@ from apexrl.common.codec import Packed
 from apexrl.common.learner_client import LearnerClient, Parameters
 from apexrl.config import ActorConfig
 from apexrl.replay.client import ReplayClient
+from apexrl.replay.sharded import ShardedReplayClient, connect
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class InsertBuffer:
     grows to `limit` transitions, then drops the oldest and counts them.
     """
 
-    def __init__(self, replay: ReplayClient, limit: int, metrics: ActorMetrics, stop: threading.Event,
+    def __init__(self, replay: ReplayClient | ShardedReplayClient, limit: int, metrics: ActorMetrics, stop: threading.Event,
                  in_flight: int = 2):  # fmt: skip
         self.replay, self.limit, self.metrics, self.stop = replay, limit, metrics, stop
         self.in_flight = in_flight
@@ -247,7 +248,7 @@ def run(
     clip = algorithm.spec.clip_rewards
     lives = None  # Atari lives, for life_loss_terminal
     adder = NStepAdder(config.num_envs, config.n_step, config.gamma)
-    replay = ReplayClient(config.replay, timeout=30.0, retry_seconds=1.0, tls=config)
+    replay = connect(config.replay, timeout=30.0, retry_seconds=1.0, tls=config)
     buffer = InsertBuffer(replay, config.buffer_limit, metrics, stop)
     puller = ParameterPuller(
         LearnerClient(config.learner, retry_seconds=1.0, tls=config), actor_id, metrics

@@ -20,7 +20,7 @@ from apexrl.learner.metrics import LearnerMetrics
 from apexrl.learner.parameters import ParameterStore
 from apexrl.learner.servicer import LearnerServicer
 from apexrl.learner.training import Learner
-from apexrl.replay.client import ReplayClient
+from apexrl.replay.sharded import connect
 from apexrl.v1 import learner_pb2, learner_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ def build(
     learner = Learner(config, algorithm, metrics, store)
     best = BestModel(config, learner.learning.parameters())
     servicer = LearnerServicer(store, leases, metrics.live_actors, best, algorithm)
-    replay = ReplayClient(config.replay, timeout=30.0, retry_seconds=None, tls=config)
+    replay = connect(config.replay, timeout=30.0, retry_seconds=None, tls=config)
 
     def train() -> None:
         try:

@@ -222,13 +222,18 @@ class ReplayClient(GrpcClient):
         self._insert_lock = threading.Lock()
 
     def insert(
-        self, columns: dict[str, np.ndarray], priorities: np.ndarray | None = None
+        self,
+        columns: dict[str, np.ndarray],
+        priorities: np.ndarray | None = None,
+        max_wait: float | None = None,
     ) -> replay_pb2.InsertResponse:
         """Inserts one columnar batch; returns once it is in the table.
 
-        A batch the rate limiter holds waits up to the client's timeout (DEADLINE_EXCEEDED).
+        A batch the rate limiter holds waits up to max_wait seconds (None: the client's
+        timeout), then fails with DEADLINE_EXCEEDED, not inserted.
         """
-        request = insert_request(self.table, columns, priorities, self.timeout)
+        wait = self.timeout if max_wait is None else min(max_wait, self.timeout)
+        request = insert_request(self.table, columns, priorities, wait)
         return self._retry(lambda: self._insert(request), "insert")
 
     def _insert(self, request: replay_pb2.InsertRequest) -> replay_pb2.InsertResponse:
@@ -262,9 +267,12 @@ class ReplayClient(GrpcClient):
             stream.close()
 
     def sample(self, batch_size: int, beta: float = 0.4) -> SampledBatch:
+        return SampledBatch.from_proto(self.sample_response(batch_size, beta))
+
+    def sample_response(self, batch_size: int, beta: float = 0.4) -> replay_pb2.SampleResponse:
+        """One batch as the replay sent it (with its total_priority, for a sharded client)."""
         request = replay_pb2.SampleRequest(table=self.table, batch_size=batch_size, beta=beta)
-        response = self._retry(lambda: self.stub.Sample(request, timeout=self.timeout), "sample")
-        return SampledBatch.from_proto(response)
+        return self._retry(lambda: self.stub.Sample(request, timeout=self.timeout), "sample")
 
     def sample_stream(
         self, batch_size: int, beta: float = 0.4, max_batches: int = 0

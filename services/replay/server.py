@@ -33,7 +33,7 @@ from apexrl.common.errors import (
 )
 from apexrl.common.serving import Service
 from apexrl.config import ReplayConfig
-from apexrl.replay import checkpoint
+from apexrl.replay import checkpoint, keys
 from apexrl.replay.table import ColumnSpec, RateLimiter, Table
 from apexrl.v1 import replay_pb2, replay_pb2_grpc
 
@@ -115,6 +115,10 @@ class ReplayMetrics:
         age.set_function(
             lambda: time.time() - t if (t := self.checkpoint_time._value.get()) else -1
         )
+        self.shard = prometheus_client.Gauge(
+            "apexrl_replay_shard", "This replay's shard id (the top bits of its keys).",
+            registry=registry,
+        )  # fmt: skip
         registry.register(self)
 
     def observe_sample(self, table: Table, keys: np.ndarray) -> None:
@@ -188,8 +192,15 @@ def _buckets(bounds: np.ndarray, counts: np.ndarray) -> list[tuple[str, float]]:
 
 
 class ReplayServicer(replay_pb2_grpc.ReplayServicer):
-    def __init__(self, tables: dict[str, Table], metrics: ReplayMetrics, checkpoint_dir: str = ""):
+    def __init__(
+        self,
+        tables: dict[str, Table],
+        metrics: ReplayMetrics,
+        checkpoint_dir: str = "",
+        shard: int = 0,
+    ):
         self.tables = tables
+        self.shard = shard
         self.metrics = metrics
         self.checkpoint_dir = checkpoint_dir
         self._changed = asyncio.Condition()
@@ -259,6 +270,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
             await self._wait(context, table, "insert", table.can_insert, max_wait)
             first_key = table.insert(columns, priorities)
             await self._notify()
+            first_key |= self.shard << keys.SHARD_SHIFT
             yield replay_pb2.InsertResponse(inserted=n, first_key=first_key, table_size=table.size)
 
     async def _sample(
@@ -270,9 +282,11 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
         result = table.sample(request.batch_size, request.beta)
         await self._notify()
         self.metrics.observe_sample(table, result.keys)
-        response = replay_pb2.SampleResponse(table_size=result.table_size)
+        response = replay_pb2.SampleResponse(
+            table_size=result.table_size, total_priority=table.total_priority
+        )
         tensors.batch_to_proto(result.columns, response.batch)
-        tensors.to_proto(result.keys, response.keys)
+        tensors.to_proto(keys.with_shard(result.keys, self.shard), response.keys)
         tensors.to_proto(result.probabilities, response.probabilities)
         tensors.to_proto(result.weights, response.weights)
         return response
@@ -288,14 +302,33 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
 
     async def UpdatePriorities(self, request, context):
         table = self._table(request.table)
-        keys = tensors.from_proto(request.keys, "keys")
+        wire_keys = tensors.from_proto(request.keys, "keys")
         priorities = tensors.from_proto(request.priorities, "priorities")
-        updated, stale = table.update_priorities(keys, priorities)
+        updated, stale = table.update_priorities(self._sequences(wire_keys), priorities)
         return replay_pb2.UpdatePrioritiesResponse(updated=updated, stale=stale)
+
+    def _sequences(self, wire_keys: np.ndarray) -> np.ndarray:
+        """The table's keys: the shard bits checked (another shard's key is refused) and
+        removed. Negative keys pass through for the table to refuse."""
+        if wire_keys.dtype not in (np.int64, np.uint64):
+            return wire_keys  # the table names the wrong dtype
+        owners = wire_keys >> keys.SHARD_SHIFT  # negative and huge keys: the table's to judge
+        plausible = (wire_keys >= 0) & (owners <= keys.MAX_SHARD)
+        foreign = np.flatnonzero(plausible & (owners != self.shard))
+        if len(foreign):
+            i = int(foreign[0])
+            raise InvalidArgument(
+                "keys",
+                f"keys[{i}] = {int(wire_keys[i])} belongs to shard {int(owners[i])}; "
+                f"this replay is shard {self.shard}",
+            )
+        if self.shard == 0:
+            return wire_keys
+        return np.where(plausible, wire_keys & keys.SEQUENCE_MASK, wire_keys)
 
     async def Info(self, request, context):
         tables = [table_info(t, request.include_digest) for t in self.tables.values()]
-        return replay_pb2.InfoResponse(tables=tables)
+        return replay_pb2.InfoResponse(tables=tables, shard=self.shard)
 
     async def Checkpoint(self, request, context):
         if not self.checkpoint_dir:
@@ -414,7 +447,9 @@ def build(
                     tables[state.name].inserts, tables[state.name].samples,
                 )  # fmt: skip
     metrics = ReplayMetrics(registry, tables)
-    servicer = ReplayServicer(tables, metrics, config.checkpoint_dir)
+    shard = keys.parse_shard(config.shard)
+    metrics.shard.set(shard)
+    servicer = ReplayServicer(tables, metrics, config.checkpoint_dir, shard)
 
     def register(server: grpc.aio.Server) -> list[str]:
         replay_pb2_grpc.add_ReplayServicer_to_server(servicer, server)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from apexrl.v1 import tensor_pb2 as apexrl_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61pexrl/v1/replay.proto\x12\tapexrl.v1\x1a\x16\x61pexrl/v1/tensor.proto\"\x80\x01\n\rInsertRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x1f\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x10.apexrl.v1.Batch\x12%\n\npriorities\x18\x03 \x01(\x0b\x32\x11.apexrl.v1.Tensor\x12\x18\n\x10max_wait_seconds\x18\x04 \x01(\x01\"I\n\x0eInsertResponse\x12\x10\n\x08inserted\x18\x01 \x01(\x04\x12\x11\n\tfirst_key\x18\x02 \x01(\x04\x12\x12\n\ntable_size\x18\x03 \x01(\x04\"@\n\rSampleRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x12\n\nbatch_size\x18\x02 \x01(\r\x12\x0c\n\x04\x62\x65ta\x18\x03 \x01(\x01\"\xb4\x01\n\x0eSampleResponse\x12\x1f\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.apexrl.v1.Batch\x12\x1f\n\x04keys\x18\x02 \x01(\x0b\x32\x11.apexrl.v1.Tensor\x12(\n\rprobabilities\x18\x03 \x01(\x0b\x32\x11.apexrl.v1.Tensor\x12\"\n\x07weights\x18\x04 \x01(\x0b\x32\x11.apexrl.v1.Tensor\x12\x12\n\ntable_size\x18\x05 \x01(\x04\"T\n\x13SampleStreamRequest\x12(\n\x06sample\x18\x01 \x01(\x0b\x32\x18.apexrl.v1.SampleRequest\x12\x13\n\x0bmax_batches\x18\x02 \x01(\x04\"p\n\x17UpdatePrioritiesRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x1f\n\x04keys\x18\x02 \x01(\x0b\x32\x11.apexrl.v1.Tensor\x12%\n\npriorities\x18\x03 \x01(\x0b\x32\x11.apexrl.v1.Tensor\":\n\x18UpdatePrioritiesResponse\x12\x0f\n\x07updated\x18\x01 \x01(\x04\x12\r\n\x05stale\x18\x02 \x01(\x04\"%\n\x0bInfoRequest\x12\x16\n\x0einclude_digest\x18\x01 \x01(\x08\"4\n\x0cInfoResponse\x12$\n\x06tables\x18\x01 \x03(\x0b\x32\x14.apexrl.v1.TableInfo\"k\n\nColumnSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.apexrl.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x1f\n\x05\x63odec\x18\x04 \x01(\x0e\x32\x10.apexrl.v1.Codec\"\xf0\x02\n\tTableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x04\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12(\n\tsignature\x18\x04 \x03(\x0b\x32\x15.apexrl.v1.ColumnSpec\x12\r\n\x05\x61lpha\x18\x05 \x01(\x01\x12\x1a\n\x12min_size_to_sample\x18\x06 \x01(\x04\x12\x1a\n\x12samples_per_insert\x18\x07 \x01(\x01\x12\x14\n\x0c\x65rror_buffer\x18\x08 \x01(\x01\x12\x0f\n\x07inserts\x18\t \x01(\x04\x12\x0f\n\x07samples\x18\n \x01(\x04\x12\x18\n\x10priority_updates\x18\x0b \x01(\x04\x12\x1e\n\x16stale_priority_updates\x18\x0c \x01(\x04\x12\x16\n\x0etotal_priority\x18\r \x01(\x01\x12\x14\n\x0cmax_priority\x18\x0e \x01(\x01\x12\x0e\n\x06\x64igest\x18\x0f \x01(\t\x12\x14\n\x0cstored_bytes\x18\x10 \x01(\x04\"\x13\n\x11\x43heckpointRequest\"G\n\x12\x43heckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x32\xb8\x03\n\x06Replay\x12\x41\n\x06Insert\x12\x18.apexrl.v1.InsertRequest\x1a\x19.apexrl.v1.InsertResponse(\x01\x30\x01\x12=\n\x06Sample\x12\x18.apexrl.v1.SampleRequest\x1a\x19.apexrl.v1.SampleResponse\x12K\n\x0cSampleStream\x12\x1e.apexrl.v1.SampleStreamRequest\x1a\x19.apexrl.v1.SampleResponse0\x01\x12[\n\x10UpdatePriorities\x12\".apexrl.v1.UpdatePrioritiesRequest\x1a#.apexrl.v1.UpdatePrioritiesResponse\x12\x37\n\x04Info\x12\x16.apexrl.v1.InfoRequest\x1a\x17.apexrl.v1.InfoResponse\x12I\n\nCheckpoint\x12\x1c.apexrl.v1.CheckpointRequest\x1a\x1d.apexrl.v1.CheckpointResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x61pexrl/v1/replay.proto\x12\tapexrl.v1\x1a\x16\x61pexrl/v1/tensor.proto\"\x80\x01\n\rInsertRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x1f\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x10.apexrl.v1.Batch\x12%\n\npriorities\x18\x03 \x01(\x0b\x32\x11.apexrl.v1.Tensor\x12\x18\n\x10max_wait_seconds\x18\x04 \x01(\x01\"I\n\x0eInsertResponse\x12\x10\n\x08inserted\x18\x01 \x01(\x04\x12\x11\n\tfirst_key\x18\x02 \x01(\x04\x12\x12\n\ntable_size\x18\x03 \x01(\x04\"@\n\rSampleRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x12\n\nbatch_size\x18\x02 \x01(\r\x12\x0c\n\x04\x62\x65ta\x18\x03 \x01(\x01\"\xcc\x01\n\x0eSampleResponse\x12\x1f\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.apexrl.v1.Batch\x12\x1f\n\x04keys\x18\x02 \x01(\x0b\x32\x11.apexrl.v1.Tensor\x12(\n\rprobabilities\x18\x03 \x01(\x0b\x32\x11.apexrl.v1.Tensor\x12\"\n\x07weights\x18\x04 \x01(\x0b\x32\x11.apexrl.v1.Tensor\x12\x12\n\ntable_size\x18\x05 \x01(\x04\x12\x16\n\x0etotal_priority\x18\x06 \x01(\x01\"T\n\x13SampleStreamRequest\x12(\n\x06sample\x18\x01 \x01(\x0b\x32\x18.apexrl.v1.SampleRequest\x12\x13\n\x0bmax_batches\x18\x02 \x01(\x04\"p\n\x17UpdatePrioritiesRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x1f\n\x04keys\x18\x02 \x01(\x0b\x32\x11.apexrl.v1.Tensor\x12%\n\npriorities\x18\x03 \x01(\x0b\x32\x11.apexrl.v1.Tensor\":\n\x18UpdatePrioritiesResponse\x12\x0f\n\x07updated\x18\x01 \x01(\x04\x12\r\n\x05stale\x18\x02 \x01(\x04\"%\n\x0bInfoRequest\x12\x16\n\x0einclude_digest\x18\x01 \x01(\x08\"C\n\x0cInfoResponse\x12$\n\x06tables\x18\x01 \x03(\x0b\x32\x14.apexrl.v1.TableInfo\x12\r\n\x05shard\x18\x02 \x01(\r\"k\n\nColumnSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.apexrl.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x1f\n\x05\x63odec\x18\x04 \x01(\x0e\x32\x10.apexrl.v1.Codec\"\xf0\x02\n\tTableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x04\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12(\n\tsignature\x18\x04 \x03(\x0b\x32\x15.apexrl.v1.ColumnSpec\x12\r\n\x05\x61lpha\x18\x05 \x01(\x01\x12\x1a\n\x12min_size_to_sample\x18\x06 \x01(\x04\x12\x1a\n\x12samples_per_insert\x18\x07 \x01(\x01\x12\x14\n\x0c\x65rror_buffer\x18\x08 \x01(\x01\x12\x0f\n\x07inserts\x18\t \x01(\x04\x12\x0f\n\x07samples\x18\n \x01(\x04\x12\x18\n\x10priority_updates\x18\x0b \x01(\x04\x12\x1e\n\x16stale_priority_updates\x18\x0c \x01(\x04\x12\x16\n\x0etotal_priority\x18\r \x01(\x01\x12\x14\n\x0cmax_priority\x18\x0e \x01(\x01\x12\x0e\n\x06\x64igest\x18\x0f \x01(\t\x12\x14\n\x0cstored_bytes\x18\x10 \x01(\x04\"\x13\n\x11\x43heckpointRequest\"G\n\x12\x43heckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x12\n\nsize_bytes\x18\x02 \x01(\x04\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\x32\xb8\x03\n\x06Replay\x12\x41\n\x06Insert\x12\x18.apexrl.v1.InsertRequest\x1a\x19.apexrl.v1.InsertResponse(\x01\x30\x01\x12=\n\x06Sample\x12\x18.apexrl.v1.SampleRequest\x1a\x19.apexrl.v1.SampleResponse\x12K\n\x0cSampleStream\x12\x1e.apexrl.v1.SampleStreamRequest\x1a\x19.apexrl.v1.SampleResponse0\x01\x12[\n\x10UpdatePriorities\x12\".apexrl.v1.UpdatePrioritiesRequest\x1a#.apexrl.v1.UpdatePrioritiesResponse\x12\x37\n\x04Info\x12\x16.apexrl.v1.InfoRequest\x1a\x17.apexrl.v1.InfoResponse\x12I\n\nCheckpoint\x12\x1c.apexrl.v1.CheckpointRequest\x1a\x1d.apexrl.v1.CheckpointResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,25 +39,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLEREQUEST']._serialized_start=267
   _globals['_SAMPLEREQUEST']._serialized_end=331
   _globals['_SAMPLERESPONSE']._serialized_start=334
-  _globals['_SAMPLERESPONSE']._serialized_end=514
-  _globals['_SAMPLESTREAMREQUEST']._serialized_start=516
-  _globals['_SAMPLESTREAMREQUEST']._serialized_end=600
-  _globals['_UPDATEPRIORITIESREQUEST']._serialized_start=602
-  _globals['_UPDATEPRIORITIESREQUEST']._serialized_end=714
-  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_start=716
-  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_end=774
-  _globals['_INFOREQUEST']._serialized_start=776
-  _globals['_INFOREQUEST']._serialized_end=813
-  _globals['_INFORESPONSE']._serialized_start=815
-  _globals['_INFORESPONSE']._serialized_end=867
-  _globals['_COLUMNSPEC']._serialized_start=869
-  _globals['_COLUMNSPEC']._serialized_end=976
-  _globals['_TABLEINFO']._serialized_start=979
-  _globals['_TABLEINFO']._serialized_end=1347
-  _globals['_CHECKPOINTREQUEST']._serialized_start=1349
-  _globals['_CHECKPOINTREQUEST']._serialized_end=1368
-  _globals['_CHECKPOINTRESPONSE']._serialized_start=1370
-  _globals['_CHECKPOINTRESPONSE']._serialized_end=1441
-  _globals['_REPLAY']._serialized_start=1444
-  _globals['_REPLAY']._serialized_end=1884
+  _globals['_SAMPLERESPONSE']._serialized_end=538
+  _globals['_SAMPLESTREAMREQUEST']._serialized_start=540
+  _globals['_SAMPLESTREAMREQUEST']._serialized_end=624
+  _globals['_UPDATEPRIORITIESREQUEST']._serialized_start=626
+  _globals['_UPDATEPRIORITIESREQUEST']._serialized_end=738
+  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_start=740
+  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_end=798
+  _globals['_INFOREQUEST']._serialized_start=800
+  _globals['_INFOREQUEST']._serialized_end=837
+  _globals['_INFORESPONSE']._serialized_start=839
+  _globals['_INFORESPONSE']._serialized_end=906
+  _globals['_COLUMNSPEC']._serialized_start=908
+  _globals['_COLUMNSPEC']._serialized_end=1015
+  _globals['_TABLEINFO']._serialized_start=1018
+  _globals['_TABLEINFO']._serialized_end=1386
+  _globals['_CHECKPOINTREQUEST']._serialized_start=1388
+  _globals['_CHECKPOINTREQUEST']._serialized_end=1407
+  _globals['_CHECKPOINTRESPONSE']._serialized_start=1409
+  _globals['_CHECKPOINTRESPONSE']._serialized_end=1480
+  _globals['_REPLAY']._serialized_start=1483
+  _globals['_REPLAY']._serialized_end=1923
 # @@protoc_insertion_point(module_scope)

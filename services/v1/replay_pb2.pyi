@@ -40,18 +40,20 @@ class SampleRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., batch_size: _Optional[int] = ..., beta: _Optional[float] = ...) -> None: ...
 
 class SampleResponse(_message.Message):
-    __slots__ = ("batch", "keys", "probabilities", "weights", "table_size")
+    __slots__ = ("batch", "keys", "probabilities", "weights", "table_size", "total_priority")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     PROBABILITIES_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     TABLE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_PRIORITY_FIELD_NUMBER: _ClassVar[int]
     batch: _tensor_pb2.Batch
     keys: _tensor_pb2.Tensor
     probabilities: _tensor_pb2.Tensor
     weights: _tensor_pb2.Tensor
     table_size: int
-    def __init__(self, batch: _Optional[_Union[_tensor_pb2.Batch, _Mapping]] = ..., keys: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., probabilities: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., weights: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., table_size: _Optional[int] = ...) -> None: ...
+    total_priority: float
+    def __init__(self, batch: _Optional[_Union[_tensor_pb2.Batch, _Mapping]] = ..., keys: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., probabilities: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., weights: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., table_size: _Optional[int] = ..., total_priority: _Optional[float] = ...) -> None: ...
 
 class SampleStreamRequest(_message.Message):
     __slots__ = ("sample", "max_batches")
@@ -86,10 +88,12 @@ class InfoRequest(_message.Message):
     def __init__(self, include_digest: _Optional[bool] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("tables",)
+    __slots__ = ("tables", "shard")
     TABLES_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
     tables: _containers.RepeatedCompositeFieldContainer[TableInfo]
-    def __init__(self, tables: _Optional[_Iterable[_Union[TableInfo, _Mapping]]] = ...) -> None: ...
+    shard: int
+    def __init__(self, tables: _Optional[_Iterable[_Union[TableInfo, _Mapping]]] = ..., shard: _Optional[int] = ...) -> None: ...
 
 class ColumnSpec(_message.Message):
     __slots__ = ("name", "dtype", "shape", "codec")

@@ -1,0 +1,481 @@
+"""ShardedReplayClient: several replay shards behind ReplayClient's verbs.
+
+Each shard is a plain `apexrl replay` with its own shard id (the top bits of its keys), tables,
+rate limiter and checkpoints. The client does the global maths:
+
+- Sampling is proportional to the global priorities. A batch of B is split over the live
+  shards by a multinomial draw, shard s weighted by its sum of p^alpha (T_s); the shard
+  requests go out in parallel; each response carries T_s at sampling time, so item i of shard s
+  has global probability P(i) = P_s(i) T_s / T, T = sum of every live shard's T_s, and
+  importance weight (N P(i))^-beta normalized by the batch's largest, N = the items of every
+  live shard. Each item's marginal probability and weight are those of one table holding every
+  item; stratification is per shard. T_s and sizes of shards not in a batch come from their
+  last response or Info, refreshed when older than VIEW_SECONDS. A shard with T_s = 0 (empty)
+  gets no share; when every shard is empty the batch goes to one shard, whose rate limiter
+  holds it until the table can be sampled, as one table's would.
+- Inserts go round robin over the live shards, one batch per shard. The rate limiter is each
+  shard's own (min_size_to_sample, samples_per_insert, error_buffer per shard): with several
+  live shards, an insert a shard holds longer than HOP_SECONDS moves on to the next (a request
+  the limiter held is not inserted, replay.proto), so inserts flow to the shards sampling
+  drains and neither side can wait on the other; samples are never moved (that would bias
+  them). Over the whole, samples <= samples_per_insert x inserts + the sum of the shards'
+  windows.
+- Priority updates go to the shard each key names, in parallel. A key naming a shard the
+  client has never seen is an error (nothing is sent); keys of a shard that is down are
+  dropped and counted (`dropped_priority_updates`), as stale keys are.
+- A shard that answers UNAVAILABLE is down: sampling and inserts go on with the others (the
+  weights renormalized over them), and it is asked again every RETRY_SECONDS; it rejoins when it
+  answers (restarted from its checkpoint, its keys are valid again).
+
+Addresses: "h0:p,h1:p,..." are shards 0, 1, ... in that order (a shard that answers with
+another id is an error naming it); "dns:///name:port" makes every address the name resolves
+to a shard (a Kubernetes headless Service: only ready pods resolve), re-resolved every
+RESOLVE_SECONDS, so shards that are added are picked up.
+"""
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+import numpy as np
+
+from apexrl.common.backoff import Backoff
+from apexrl.common.codec import Packed
+from apexrl.replay import keys as keyspace
+from apexrl.replay.client import ReplayClient, SampledBatch
+from apexrl.v1 import replay_pb2, tensor_pb2
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+DNS_PREFIX = "dns:///"
+
+
+class ShardError(ValueError):
+    """A shard set that cannot work: a wrong shard id, different tables, a key of no shard."""
+
+
+def connect(address: str, **options) -> "ReplayClient | ShardedReplayClient":
+    """The client the `replay` setting asks for: one replay, or shards (see the module doc)."""
+    if "," in address or address.startswith(DNS_PREFIX):
+        return ShardedReplayClient(address, **options)
+    return ReplayClient(address, **options)
+
+
+@dataclass
+class Shard:
+    id: int
+    address: str
+    client: ReplayClient
+    total: float = 0.0  # sum of p^alpha, as last seen
+    size: int = 0
+    seen: float = 0.0  # monotonic time of the view
+    alive: bool = True
+    retry_at: float = 0.0
+
+
+class ShardedReplayClient:
+    HOP_SECONDS = 0.05
+    VIEW_SECONDS = 1.0
+    RETRY_SECONDS = 1.0
+    RESOLVE_SECONDS = 5.0
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        table: str = "default",
+        timeout: float = 30.0,
+        retry_seconds: float | None = 60.0,
+        seed: int | None = None,
+        **options,
+    ):
+        """options: max_message_mb, tls (see GrpcClient). retry_seconds: how long a call waits
+        for some shard to answer (None: forever)."""
+        self.address, self.table, self.timeout = address, table, timeout
+        self.retry_seconds = retry_seconds
+        self._options = options
+        self._dns = address.startswith(DNS_PREFIX)
+        self._listed = [] if self._dns else [a.strip() for a in address.split(",")]
+        if not self._dns and not all(self._listed):
+            raise ValueError(f"replay: empty shard address in {address!r}")
+        self._shards: dict[int, Shard] = {}  # by shard id
+        self._clients: dict[str, ReplayClient] = {}  # by address, for shards not yet known
+        self._lock = threading.Lock()
+        self._discovered = 0.0
+        self._next_insert = 0
+        self._rng = np.random.default_rng(seed)
+        self._pool = ThreadPoolExecutor(16, thread_name_prefix="shards")
+        self._reference: replay_pb2.TableInfo | None = None  # the table every shard must match
+        self.dropped_priority_updates = 0
+
+    # --- discovery -------------------------------------------------------------------------
+
+    def _addresses(self) -> list[str]:
+        if not self._dns:
+            return self._listed
+        host, _, port = self.address[len(DNS_PREFIX) :].rpartition(":")
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as err:
+            log.warning("replay: cannot resolve %s: %s", host, err)
+            return [s.address for s in self._all()]
+        ips = sorted({info[4][0] for info in infos})
+        return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips]
+
+    def _discover(self, force: bool = False) -> None:
+        """Asks every address that is not a live shard yet for its Info (in parallel)."""
+        now = time.monotonic()
+        if not force and now - self._discovered < self.RESOLVE_SECONDS:
+            return
+        self._discovered = now
+        addresses = self._addresses()
+        live = {s.address for s in self._all() if s.alive}
+        asked = [a for a in addresses if a not in live]
+        for position, info, address in zip(
+            [addresses.index(a) for a in asked],
+            self._map(lambda a: self._info(self._client(a)), asked),
+            asked,
+            strict=True,
+        ):
+            if isinstance(info, BaseException):
+                continue  # down: asked again at the next discovery
+            self._join(address, position, *info)
+
+    def _client(self, address: str) -> ReplayClient:
+        with self._lock:
+            if address not in self._clients:
+                self._clients[address] = ReplayClient(
+                    address, table=self.table, timeout=self.timeout, retry_seconds=0,
+                    **self._options,
+                )  # fmt: skip
+            return self._clients[address]
+
+    def _info(self, client: ReplayClient) -> tuple[int, replay_pb2.TableInfo]:
+        response = client.stub.Info(replay_pb2.InfoRequest(), timeout=min(self.timeout, 5.0))
+        for table in response.tables:
+            if table.name == self.table:
+                return response.shard, table
+        raise ShardError(f"replay shard at {client.address} has no table {self.table!r}")
+
+    def _join(self, address: str, position: int, shard_id: int, info) -> None:
+        if not self._dns and shard_id != position:
+            raise ShardError(
+                f"replay shard {position} ({address}) answers as shard {shard_id}: "
+                f"list the shards in order of their shard setting"
+            )
+        with self._lock:
+            other = self._shards.get(shard_id)
+            if other is not None and other.alive and other.address != address:
+                raise ShardError(
+                    f"replay shard {shard_id}: both {other.address} and {address} answer as it"
+                )
+            self._check_table(shard_id, address, info)
+            shard = Shard(shard_id, address, self._clients[address])
+            self._view(shard, info.total_priority, info.size)
+            if other is not None and other.address != address:
+                log.info("replay shard %d moved from %s to %s", shard_id, other.address, address)
+            elif other is None:
+                log.info("replay shard %d joined at %s (%d items)", shard_id, address, info.size)
+            else:
+                log.info("replay shard %d is back (%d items)", shard_id, info.size)
+            self._shards[shard_id] = shard
+
+    def _check_table(self, shard_id: int, address: str, info: replay_pb2.TableInfo) -> None:
+        reference = self._reference
+        if reference is not None:
+            if info.alpha != reference.alpha:
+                raise ShardError(
+                    f"replay shard {shard_id} ({address}): table {self.table!r} has alpha "
+                    f"{info.alpha}, the other shards {reference.alpha}"
+                )
+            if info.signature and reference.signature and _signature(info) != _signature(reference):
+                raise ShardError(
+                    f"replay shard {shard_id} ({address}): table {self.table!r} has signature "
+                    f"{_signature(info)}, the other shards {_signature(reference)}"
+                )
+        if reference is None or (info.signature and not reference.signature):
+            self._reference = info
+
+    def _view(self, shard: Shard, total: float, size: int) -> None:
+        shard.total, shard.size, shard.seen = total, size, time.monotonic()
+
+    def _down(self, shard: Shard, err: grpc.RpcError) -> None:
+        with self._lock:
+            if shard.alive:
+                log.warning(
+                    "replay shard %d (%s) is down: %s", shard.id, shard.address, _short(err)
+                )
+            shard.alive, shard.retry_at = False, time.monotonic() + self.RETRY_SECONDS
+
+    def _live(self) -> list[Shard]:
+        """The live shards, after asking the ones that are due (down ones, stale views)."""
+        self._discover()
+        now = time.monotonic()
+        due = [s for s in self._all() if s.retry_at <= now and (
+            not s.alive or now - s.seen > self.VIEW_SECONDS)]  # fmt: skip
+        for shard, info in zip(due, self._map(lambda s: self._info(s.client), due), strict=True):
+            if isinstance(info, grpc.RpcError):
+                self._down(shard, info)
+            elif isinstance(info, BaseException):
+                raise info
+            elif info[0] != shard.id:
+                raise ShardError(
+                    f"replay shard {shard.id} ({shard.address}) now answers as shard {info[0]}"
+                )
+            else:
+                with self._lock:
+                    self._check_table(shard.id, shard.address, info[1])
+                    was_down, shard.alive = not shard.alive, True
+                self._view(shard, info[1].total_priority, info[1].size)
+                if was_down:
+                    log.info("replay shard %d (%s) is back", shard.id, shard.address)
+        return sorted((s for s in self._all() if s.alive), key=lambda s: s.id)
+
+    def _all(self) -> list[Shard]:
+        with self._lock:
+            return list(self._shards.values())
+
+    def _map(self, call: Callable[..., T], items: list) -> list[T | BaseException]:
+        """call(item) for every item, in parallel (the first in this thread); errors returned."""
+
+        def safe(item):
+            try:
+                return call(item)
+            except Exception as err:
+                return err
+
+        futures = [self._pool.submit(safe, item) for item in items[1:]]
+        return ([safe(items[0])] if items else []) + [f.result() for f in futures]
+
+    def _with_live(self, what: str, attempt: Callable[[list[Shard]], T]) -> T:
+        """attempt(live shards) until it succeeds, while some shard may come back within
+        retry_seconds (attempt marks the shards it finds down)."""
+        started, backoff = time.monotonic(), Backoff()
+        while True:
+            live = self._live()
+            if live:
+                result = attempt(live)
+                if result is not None:
+                    return result
+                continue  # a shard went down: again with the others
+            waited = time.monotonic() - started
+            if self.retry_seconds is not None and waited >= self.retry_seconds:
+                raise NoShard(f"replay {what}: no shard of {self.address} answers")
+            time.sleep(backoff.next_delay())
+            self._discover(force=True)
+
+    # --- verbs -----------------------------------------------------------------------------
+
+    def insert(
+        self, columns: dict[str, np.ndarray], priorities: np.ndarray | None = None
+    ) -> replay_pb2.InsertResponse:
+        """Inserts one batch into the next live shard (see the module doc for the rate
+        limiter); returns its response (first_key names the shard)."""
+
+        def attempt(live: list[Shard]) -> replay_pb2.InsertResponse | None:
+            with self._lock:
+                start, self._next_insert = self._next_insert, self._next_insert + 1
+            order = [live[(start + k) % len(live)] for k in range(len(live))]
+            for k, shard in enumerate(order):
+                last = k == len(order) - 1
+                try:
+                    return shard.client.insert(
+                        columns, priorities, max_wait=None if last else self.HOP_SECONDS
+                    )
+                except grpc.RpcError as err:
+                    if err.code() == grpc.StatusCode.UNAVAILABLE:
+                        self._down(shard, err)
+                        return None
+                    if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED or last:
+                        raise
+            return None
+
+        return self._with_live("insert", attempt)
+
+    def sample(self, batch_size: int, beta: float = 0.4) -> SampledBatch:
+        def attempt(live: list[Shard]) -> SampledBatch | None:
+            totals = np.array([s.total for s in live])
+            if totals.sum() > 0:
+                counts = self._rng.multinomial(batch_size, totals / totals.sum())
+            else:  # every shard empty: one shard's rate limiter holds the batch
+                counts = np.zeros(len(live), np.int64)
+                with self._lock:
+                    counts[self._next_insert % len(live)] = batch_size
+            asked = [(s, int(c)) for s, c in zip(live, counts, strict=True) if c > 0]
+            results = self._map(lambda sc: sc[0].client.sample_response(sc[1], beta), asked)
+            down = False
+            for (shard, _), result in zip(asked, results, strict=True):
+                if isinstance(result, grpc.RpcError) and (
+                    result.code() == grpc.StatusCode.UNAVAILABLE
+                ):
+                    self._down(shard, result)
+                    down = True
+                elif isinstance(result, BaseException):
+                    raise result
+                else:
+                    self._view(shard, result.total_priority, result.table_size)
+            if down:
+                return None
+            return self._merge([(s, r) for (s, _), r in zip(asked, results, strict=True)], beta)
+
+        return self._with_live("sample", attempt)
+
+    def _merge(self, parts: list, beta: float) -> SampledBatch:
+        """One batch from the shards' responses, with global probabilities and weights."""
+        batches = [SampledBatch.from_proto(response) for _, response in parts]
+        live = [s for s in self._all() if s.alive]
+        total = sum(s.total for s in live)  # the sampled ones' views are this batch's
+        size = sum(s.size for s in live)
+        probabilities = np.concatenate([
+            b.probabilities * (response.total_priority / total)
+            for b, (_, response) in zip(batches, parts, strict=True)
+        ])  # fmt: skip
+        if beta == 0:
+            weights = np.ones(len(probabilities), np.float32)
+        else:
+            raw = (size * probabilities) ** -beta
+            weights = (raw / raw.max()).astype(np.float32)
+        return SampledBatch(
+            columns=_concat([b.columns for b in batches]),
+            keys=np.concatenate([b.keys for b in batches]),
+            probabilities=probabilities,
+            weights=weights,
+            table_size=size,
+        )
+
+    def sample_stream(
+        self, batch_size: int, beta: float = 0.4, max_batches: int = 0
+    ) -> Iterator[SampledBatch]:
+        """Batches one after another (each split over the shards afresh); max_batches = 0:
+        until the caller stops iterating."""
+        sent = 0
+        while max_batches == 0 or sent < max_batches:
+            yield self.sample(batch_size, beta)
+            sent += 1
+
+    def update_priorities(
+        self, keys: np.ndarray, priorities: np.ndarray
+    ) -> replay_pb2.UpdatePrioritiesResponse:
+        """Sends each shard its keys' priorities, in parallel; keys of a shard that is down
+        are dropped and counted. `stale` in the answer includes them."""
+        keys = np.asarray(keys, np.int64)
+        priorities = np.asarray(priorities)
+        if keys.shape != priorities.shape or keys.ndim != 1:
+            raise ValueError(
+                f"keys and priorities: shapes {list(keys.shape)} and "
+                f"{list(priorities.shape)} differ or are not 1-D"
+            )
+        owners = keyspace.shard_of(keys)
+        self._live()
+        shards = {s.id: s for s in self._all()}
+        unknown = np.flatnonzero(~np.isin(owners, list(shards)))
+        if len(unknown):
+            i = int(unknown[0])
+            raise ShardError(
+                f"keys[{i}] = {int(keys[i])} names shard {int(owners[i])}, which is none of "
+                f"the shards {sorted(shards)} of {self.address}"
+            )
+        parts = [(shards[int(s)], owners == s) for s in np.unique(owners)]
+        live = [(shard, mask) for shard, mask in parts if shard.alive]
+        dropped = sum(int(mask.sum()) for shard, mask in parts if not shard.alive)
+        results = self._map(
+            lambda sm: sm[0].client.update_priorities(keys[sm[1]], priorities[sm[1]]), live
+        )
+        updated = stale = 0
+        for (shard, mask), result in zip(live, results, strict=True):
+            if isinstance(result, grpc.RpcError) and result.code() in (
+                grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED
+            ):  # fmt: skip
+                self._down(shard, result)
+                dropped += int(mask.sum())
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                updated, stale = updated + result.updated, stale + result.stale
+        with self._lock:
+            self.dropped_priority_updates += dropped
+        return replay_pb2.UpdatePrioritiesResponse(updated=updated, stale=stale + dropped)
+
+    def shard_infos(self) -> dict[int, replay_pb2.TableInfo]:
+        """Each live shard's table, by shard id."""
+        live = self._live()
+        infos = self._map(lambda s: self._info(s.client), live)
+        return {s.id: i[1] for s, i in zip(live, infos, strict=True) if isinstance(i, tuple)}
+
+    def info(self) -> replay_pb2.TableInfo:
+        """The live shards' tables as one: sizes, counters and masses summed."""
+        infos = list(self.shard_infos().values())
+        if not infos:
+            raise NoShard(f"replay info: no shard of {self.address} answers")
+        merged = replay_pb2.TableInfo()
+        merged.CopyFrom(infos[0])
+        for field in ("capacity", "size", "inserts", "samples", "priority_updates",
+                      "stale_priority_updates", "total_priority", "stored_bytes",
+                      "min_size_to_sample", "error_buffer"):  # fmt: skip
+            setattr(merged, field, sum(getattr(i, field) for i in infos))
+        merged.max_priority = max(i.max_priority for i in infos)
+        return merged
+
+    def checkpoint(self) -> list[replay_pb2.CheckpointResponse]:
+        """A checkpoint on every live shard (each its own file)."""
+        return [s.client.checkpoint() for s in self._live()]
+
+    def close(self) -> None:
+        with self._lock:
+            clients = list(self._clients.values())
+        for client in clients:
+            client.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> "ShardedReplayClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class NoShard(grpc.RpcError):
+    """No shard answered within retry_seconds (reads as UNAVAILABLE)."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return str(self)
+
+
+def _concat(parts: list[dict]) -> dict:
+    """The shards' columns end to end (compressed columns as one Packed)."""
+    if len(parts) == 1:
+        return parts[0]
+    out = {}
+    for name, column in parts[0].items():
+        columns = [p[name] for p in parts]
+        out[name] = (
+            Packed.join(column.codec, column.dtype, column.item_shape,
+                        [item for c in columns for item in c.items()])
+            if isinstance(column, Packed)
+            else np.concatenate(columns)
+        )  # fmt: skip
+    return out
+
+
+def _signature(info: replay_pb2.TableInfo) -> str:
+    """The columns in name order (a signature fixed by a first insert has its dict's order)."""
+    columns = sorted(info.signature, key=lambda c: c.name)
+    return ",".join(
+        f"{c.name}:{tensor_pb2.DType.Name(c.dtype).lower()}:{list(c.shape)}"
+        + (f":{tensor_pb2.Codec.Name(c.codec).lower()}" if c.codec else "")
+        for c in columns
+    )
+
+
+def _short(err: grpc.RpcError) -> str:
+    return f"{err.code().name}: {err.details()}" if hasattr(err, "details") else str(err)
