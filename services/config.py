@@ -275,6 +275,11 @@ class LocalConfig(AgentConfig):
     """apexrl local: replay, learner, actors and an evaluator as processes on loopback."""
 
     actors: int = option(2, "actor processes")
+    replay_shards: int = option(
+        1,
+        "replay processes (shards); the [replay] capacity, min_size_to_sample and error_buffer "
+        "are split evenly over them, so the totals stay as set",
+    )
     run_dir: str = option(
         "",
         "run folder for config, logs, metrics CSV, plot, checkpoints (default runs/<env>-<time>)",

@@ -141,6 +141,7 @@ class Run:
         self.checkpoint_dir = Path(settings["learner"]["checkpoint_dir"])
         self.config_path = run_dir / "config.toml"
         self.config_path.write_text(dump_toml(settings))
+        self.settings = settings
 
     def launch(self, name: str, command: str, *flags: str) -> Child:
         ready = self.run_dir / "ready" / f"{name}.json"
@@ -173,8 +174,15 @@ class Run:
         The gRPC ports are picked here, not by the children (port 0), so that no child has to
         wait for another's ready file before it can be told where its peers are.
         """
-        replay_address, learner_address = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-        self.launch("replay", "replay", "--port", replay_address.split(":")[1])
+        shards = self.config.replay_shards
+        if shards < 1:
+            raise ValueError(f"replay_shards: must be >= 1, got {shards}")
+        ports = [free_port() for _ in range(shards)]
+        replay_address = ",".join(f"127.0.0.1:{port}" for port in ports)
+        learner_address = f"127.0.0.1:{free_port()}"
+        for shard, port in enumerate(ports):
+            name = "replay" if shards == 1 else f"replay-{shard}"
+            self.launch(name, "replay", "--port", str(port), *self.shard_flags(shard))
         self.launch(
             "learner",
             "learner",
@@ -190,12 +198,28 @@ class Run:
         self.launch("evaluator", "evaluator", "--learner", learner_address)
         self.wait_ready(self.children)
 
+    def shard_flags(self, shard: int) -> list[str]:
+        """A shard's id and its even share of the table's size settings."""
+        shards = self.config.replay_shards
+        if shards == 1:
+            return []
+        replay = self.settings["replay"]
+        defaults = cfg.ReplayConfig()
+        flags = ["--shard", str(shard)]
+        for name in ("capacity", "min_size_to_sample", "error_buffer"):
+            total = replay.get(name, getattr(defaults, name))
+            share = math.ceil(total / shards) if isinstance(total, int) else total / shards
+            flags += [f"--{name.replace('_', '-')}", str(share)]
+        return flags
+
     def stop_all(self, timeout: float = 60) -> None:
         """SIGTERM in dependency order, each group at once: actors and evaluator, then the
-        learner (final checkpoint), then replay, so nobody loses the peer it is flushing to."""
-        by_name = {c.name: c for c in self.children}
-        workers = [c for c in self.children if c.name not in ("learner", "replay")]
-        groups = [workers, *([by_name[n]] for n in ("learner", "replay") if n in by_name)]
+        learner (final checkpoint), then the replay shards, so nobody loses the peer it is
+        flushing to."""
+        replays = [c for c in self.children if c.name.startswith("replay")]
+        learner = [c for c in self.children if c.name == "learner"]
+        workers = [c for c in self.children if c not in replays and c not in learner]
+        groups = [g for g in (workers, learner, replays) if g]
         for group in groups:
             running = [c for c in group if c.process.poll() is None]
             for child in running:

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from apexrl.common import checkpoint
-from tests.conftest import wait_for
+from tests.conftest import metric, read_ready_file, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -110,9 +110,11 @@ def test_local_mode_solves_pendulum_with_dpg(tmp_path):
 
 
 def test_local_mode_stops_every_child_on_sigint(tmp_path):
+    """With 2 replay shards: both serve (each holds transitions), and both stop."""
     run_dir = tmp_path / "run"
     local = subprocess.Popen(
-        [sys.executable, "-m", "apexrl.cli", "local", "--run-dir", str(run_dir), "--target-return", "1e9"],
+        [sys.executable, "-m", "apexrl.cli", "local", "--run-dir", str(run_dir), "--target-return", "1e9",
+         "--replay-shards", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -120,7 +122,12 @@ def test_local_mode_stops_every_child_on_sigint(tmp_path):
         wait_for(
             lambda: csv.exists() and len(csv.read_text().splitlines()) > 2, 120, "progress rows"
         )
-        assert len(leftover_processes(str(run_dir))) >= 6  # local + 5 services
+        assert len(leftover_processes(str(run_dir))) >= 7  # local + 6 services
+        for shard in (0, 1):  # each shard's own ready file gives its metrics port
+            ready = read_ready_file(run_dir / "ready" / f"replay-{shard}.json")
+            wait_for(lambda p=ready["metrics_port"]: metric(p, "apexrl_replay_size") > 0, 60,
+                     f"transitions in shard {shard}")  # fmt: skip
+            assert metric(ready["metrics_port"], "apexrl_replay_shard") == shard
         local.send_signal(signal.SIGINT)
         output, _ = local.communicate(timeout=120)
     finally:

@@ -82,7 +82,9 @@ def test_sampling_is_globally_proportional_with_single_table_weights(replay_fact
             # Each row is the row inserted under its key.
             np.testing.assert_array_equal(batch.columns["obs"][:, 0], index)
     chi2 = stats.chisquare(seen, expected * seen.sum())
-    print(f"3 shards, {int(seen.sum())} samples: chi-square {chi2.statistic:.1f}, p {chi2.pvalue:.3f}")
+    print(
+        f"3 shards, {int(seen.sum())} samples: chi-square {chi2.statistic:.1f}, p {chi2.pvalue:.3f}"
+    )
     assert chi2.pvalue > 0.01
     # The shards' share follows their mass, not their item count.
     per_shard = [seen[sum(counts[:s]) : sum(counts[: s + 1])].sum() for s in range(3)]
@@ -94,7 +96,8 @@ def test_inserts_spread_and_updates_go_to_the_owner(replay_factory):
     servers = shards(replay_factory)
     with sharded(servers) as client:
         acks = [client.insert(transitions(10, start=10 * i)) for i in range(6)]
-        assert sorted(keyspace.shard_of(np.array([a.first_key for a in acks]))) == [0, 0, 1, 1, 2, 2]
+        owners = keyspace.shard_of(np.array([a.first_key for a in acks]))
+        assert sorted(owners) == [0, 0, 1, 1, 2, 2]
         assert [s.table.size for s in servers] == [20, 20, 20]
         batch = client.sample(60)
         response = client.update_priorities(batch.keys, np.full(60, 9.0))
@@ -219,3 +222,16 @@ def test_a_shard_killed_mid_training_restarts_from_its_checkpoint_and_rejoins(
                  "shard 1 to rejoin (inserts and samples)")  # fmt: skip
     for proc in (actor, learner, replays[0], replays[2], back):
         proc.stop()
+
+
+def test_a_dns_name_finds_its_shards_by_their_info(replay_factory):
+    """dns:///name:port: every address the name resolves to is asked for its shard id (here
+    localhost, one shard on 127.0.0.1; a ::1 answer, if any, is a shard that is down)."""
+    server = replay_factory(shard="3")
+    port = server.address.rsplit(":", 1)[1]
+    with connect(f"dns:///localhost:{port}", timeout=5.0, retry_seconds=5.0) as client:
+        ack = client.insert(transitions(5))
+        assert keyspace.shard_of(np.array([ack.first_key]))[0] == 3
+        batch = client.sample(4)
+        assert client.update_priorities(batch.keys, np.ones(4)).updated == 4
+        assert list(client.shard_infos()) == [3]
