@@ -235,3 +235,15 @@ def test_a_dns_name_finds_its_shards_by_their_info(replay_factory):
         batch = client.sample(4)
         assert client.update_priorities(batch.keys, np.ones(4)).updated == 4
         assert list(client.shard_infos()) == [3]
+
+
+def test_an_insert_a_shards_rate_limiter_holds_moves_to_another_shard(replay_factory):
+    limits = dict(min_size_to_sample=10, samples_per_insert=1.0, error_buffer=10.0)
+    full = replay_factory(shard="0", **limits)
+    free = replay_factory(shard="1", **limits)
+    with full.client() as client:
+        client.insert(transitions(20))  # diff 20 = 1 x 10 + 10: no more inserts until sampled
+    with sharded([full, free], timeout=3.0) as client:
+        acks = [client.insert(transitions(4)) for _ in range(4)]
+    assert set(keyspace.shard_of(np.array([a.first_key for a in acks]))) == {1}
+    assert (full.table.size, free.table.size) == (20, 16)
