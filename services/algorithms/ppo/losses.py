@@ -1,0 +1,103 @@
+"""GAE and the PPO loss (Schulman et al. 2016, "High-Dimensional Continuous Control Using
+Generalized Advantage Estimation"; Schulman et al. 2017, "Proximal Policy Optimization
+Algorithms", eq. (7) and (9)), for discrete actions only (a Categorical over logits).
+
+Follows Stable-Baselines3 (RolloutBuffer.compute_returns_and_advantage and PPO.train): an
+unclipped MSE value loss, advantages normalized per minibatch, the same approx_kl and
+clip_fraction figures.
+
+An unroll of length T from B envs is time-major, every tensor [T, B]:
+- `rewards[t]`, `discounts[t]`: gamma where the episode continues after step t, 0 where it
+  terminated at step t; a 0 cuts every sum that reaches past t.
+- `values[t]` = V(x_t) and `bootstrap_value` [B] = V(x_T), the observation after the last step.
+A TRUNCATED episode (time limit, not a terminal state) never reaches the learner as such: the
+actor replaces the truncated step's reward r by r + gamma * V_behaviour(final observation) and
+its discount by 0 (as Stable-Baselines3 does). The advantages are then those of an unroll that
+continued into an observation of that value.
+
+A2C is PPO's special case: clip_range=None and one epoch over each fresh batch (the caller's
+choice). The ratio is then 1 at the behaviour policy, and the gradient of ratio * A there is
+the gradient of log pi(a) * A: A2C's policy gradient.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch.distributions import Categorical
+
+
+@torch.no_grad()
+def gae(
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+    values: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimates and the value targets (advantages + values), [T, B]:
+
+    A_t = delta_t + discount_t * lam * A_{t+1}, from the back, with A_T = 0 and
+    delta_t = r_t + discount_t * V(x_{t+1}) - V(x_t). lam=1 gives the discounted return
+    (bootstrapped with V(x_T)) minus V(x_t); lam=0 gives the one-step TD error.
+    """
+    next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)])
+    deltas = rewards + discounts * next_values - values
+    advantages = torch.zeros_like(values)
+    acc = torch.zeros_like(bootstrap_value)
+    for t in reversed(range(values.shape[0])):
+        acc = deltas[t] + discounts[t] * lam * acc
+        advantages[t] = acc
+    return advantages, advantages + values
+
+
+def ppo_loss(
+    logits: torch.Tensor,
+    actions: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    clip_range: float | None = 0.2,
+    vf_coef: float = 0.5,
+    ent_coef: float = 0.0,
+    normalize_advantages: bool = True,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The PPO loss on a minibatch and its figures (detached scalars).
+
+    logits [..., A] and values [...] are the learner's, with gradients; actions,
+    old_log_probs (the behaviour policy's log pi_old(a)), advantages and returns (from gae())
+    share their leading shape ([N] or [T, B]). Every term is a mean over the samples:
+      policy:  -min(ratio * A, clip(ratio, 1 - clip_range, 1 + clip_range) * A),
+               ratio = pi(a) / pi_old(a); clip_range=None is -ratio * A (A2C, see above)
+      value:   vf_coef * (returns - V(x))^2
+      entropy: -ent_coef * H(pi(. | x))
+    normalize_advantages: A becomes (A - mean) / (std + 1e-8) over the minibatch (when it
+    holds more than one sample).
+    """
+    if normalize_advantages and advantages.numel() > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    policy = Categorical(logits=logits)
+    log_ratio = policy.log_prob(actions) - old_log_probs
+    ratio = torch.exp(log_ratio)
+    surrogate = ratio * advantages
+    if clip_range is not None:
+        clipped = ratio.clamp(1 - clip_range, 1 + clip_range) * advantages
+        surrogate = torch.min(surrogate, clipped)
+    policy_loss = -surrogate.mean()
+    value_loss = F.mse_loss(values, returns)
+    entropy = policy.entropy().mean()
+    loss = policy_loss + vf_coef * value_loss - ent_coef * entropy
+
+    with torch.no_grad():
+        # Schulman's low-variance estimator of KL(pi_old || pi), as SB3 reports it.
+        approx_kl = ((ratio - 1) - log_ratio).mean()
+        limit = torch.inf if clip_range is None else clip_range
+        clip_fraction = ((ratio - 1).abs() > limit).float().mean()
+    figures = {
+        "loss": loss.detach(),
+        "policy_loss": policy_loss.detach(),
+        "value_loss": value_loss.detach(),
+        "entropy": entropy.detach(),
+        "approx_kl": approx_kl,
+        "clip_fraction": clip_fraction,
+    }
+    return loss, figures
