@@ -203,10 +203,12 @@ def build() -> dashboard_models.Dashboard:
     )
 
     builder.with_row(dashboard_builders.Row("Replay"))
+    # Replay runs as shards (StatefulSet pods replay-0, replay-1, ...: pod replay-N is shard N,
+    # apexrl_replay_shard): each panel shows all shards summed, or one series per shard pod.
     builder.with_panel(
         graph(
-            "Replay size / capacity",
-            "Items stored and the table's capacity.",
+            "Replay size / capacity, all shards",
+            "Items stored and the capacity, summed over the shards (capacity is per shard).",
             [
                 query("sum by (table) (apexrl_replay_size)", "size {{table}}"),
                 query("sum by (table) (apexrl_replay_capacity)", "capacity {{table}}"),
@@ -216,8 +218,30 @@ def build() -> dashboard_models.Dashboard:
     )
     builder.with_panel(
         graph(
-            "Insert and sample rates",
-            "Items inserted and sampled per second (a batch of B counts B).",
+            "Replay size per shard",
+            "Items each shard stores (pod replay-N is shard N). A new shard starts empty, or"
+            " with the items of its checkpoint volume if it ran before.",
+            [query("sum by (pod) (apexrl_replay_size)", "{{pod}}")],
+            span=THIRD,
+        )
+    )
+    builder.with_panel(
+        graph(
+            "Replay memory",
+            "Bytes the stored items take (columns, compressed frames, keys, priorities, sum"
+            " tree): all shards, and each shard.",
+            [
+                query("sum(apexrl_replay_stored_bytes)", "all shards"),
+                query("sum by (pod) (apexrl_replay_stored_bytes)", "{{pod}}"),
+            ],
+            unit="bytes",
+            span=THIRD,
+        )
+    )
+    builder.with_panel(
+        graph(
+            "Insert and sample rates, all shards",
+            "Items inserted and sampled per second over every shard (a batch of B counts B).",
             [
                 query(
                     "sum by (table) (rate(apexrl_replay_inserts_total[1m]))",
@@ -233,8 +257,41 @@ def build() -> dashboard_models.Dashboard:
     )
     builder.with_panel(
         graph(
+            "Insert and sample rates per shard",
+            "Items each shard takes in (inserts go round robin over the live shards) and"
+            " serves per second.",
+            [
+                query("sum by (pod) (rate(apexrl_replay_inserts_total[1m]))", "inserts {{pod}}"),
+                query("sum by (pod) (rate(apexrl_replay_samples_total[1m]))", "samples {{pod}}"),
+            ],
+            span=THIRD,
+        )
+    )
+    builder.with_panel(
+        graph(
+            "Sampling share per shard",
+            "Each shard's part of the total priority mass (sum of p^alpha), which is the share"
+            " of every batch it should serve, and the share of the samples it did serve.",
+            [
+                query(
+                    "sum by (pod) (apexrl_replay_total_priority) / "
+                    "scalar(sum(apexrl_replay_total_priority))",
+                    "priority mass {{pod}}",
+                ),
+                query(
+                    "sum by (pod) (rate(apexrl_replay_samples_total[1m])) / "
+                    "scalar(sum(rate(apexrl_replay_samples_total[1m])))",
+                    "samples {{pod}}",
+                ),
+            ],
+            unit="percentunit",
+            span=THIRD,
+        )
+    )
+    builder.with_panel(
+        graph(
             "Samples per insert",
-            "Sample rate over insert rate: how often each transition is replayed.",
+            "Sample rate over insert rate, all shards: how often each transition is replayed.",
             [
                 query(
                     "sum by (table) (rate(apexrl_replay_samples_total[1m])) / "
@@ -248,7 +305,8 @@ def build() -> dashboard_models.Dashboard:
     builder.with_panel(
         graph(
             "Bytes per stored item",
-            "Replay memory per item: columns, compressed frames, keys, priorities, sum tree.",
+            "Replay memory per item, all shards: columns, compressed frames, keys, priorities,"
+            " sum tree.",
             [
                 query(
                     "sum by (table) (apexrl_replay_stored_bytes) / "
@@ -257,6 +315,14 @@ def build() -> dashboard_models.Dashboard:
                 )
             ],
             unit="bytes",
+            span=THIRD,
+        )
+    )
+    builder.with_panel(
+        graph(
+            "Live shards",
+            "Replay shards Prometheus scrapes (kubectl scale statefulset/replay).",
+            [query("count(apexrl_replay_shard)", "shards")],
             span=THIRD,
         )
     )
@@ -272,7 +338,6 @@ def build() -> dashboard_models.Dashboard:
                     "ratio",
                 )
             ],
-            span=THIRD,
         )
     )
     builder.with_panel(
@@ -290,13 +355,13 @@ def build() -> dashboard_models.Dashboard:
                 query("sum(rate(apexrl_learner_decode_failures_total[1m]))", "dropped items/s"),
             ],
             unit="s",
-            span=THIRD,
         )
     )
     builder.with_panel(
         bucket_heatmap(
             "Priority distribution",
-            "Priorities of the stored items (apexrl_replay_priority, a gauge histogram).",
+            "Priorities of the stored items, all shards (apexrl_replay_priority, a gauge"
+            " histogram).",
             "sum by (le) (apexrl_replay_priority_bucket)",
             unit="short",
         )
@@ -304,7 +369,8 @@ def build() -> dashboard_models.Dashboard:
     builder.with_panel(
         graph(
             "Sample age",
-            "Inserts since a sampled item was written: how old the replayed experience is.",
+            "Inserts since a sampled item was written (into its shard): how old the replayed"
+            " experience is.",
             quantiles("apexrl_replay_sample_age_bucket"),
         )
     )

@@ -40,11 +40,13 @@ class GrpcClient:
         retry_seconds: float | None = 60.0,
         max_message_mb: int = 512,
         tls: ClientTLSConfig | None = None,
+        channel_options: tuple = (),
     ):
         """timeout: deadline of each call, seconds; retry_seconds: how long to retry while the
-        server is UNAVAILABLE (None: forever); tls: CA (and client certificate) files."""
+        server is UNAVAILABLE (None: forever); tls: CA (and client certificate) files;
+        channel_options: more gRPC channel arguments."""
         self.address, self.timeout, self.retry_seconds = address, timeout, retry_seconds
-        options = message_options(max_message_mb) + RECONNECT_OPTIONS
+        options = message_options(max_message_mb) + RECONNECT_OPTIONS + list(channel_options)
         credentials = channel_credentials(tls)
         self.channel = (
             grpc.insecure_channel(address, options=options)

@@ -151,8 +151,11 @@ class ShardedReplayClient:
     def _client(self, address: str) -> ReplayClient:
         with self._lock:
             if address not in self._clients:
+                # A shard found through a name is dialled by IP; TLS still checks the name.
+                name = self.address[len(DNS_PREFIX) :].rpartition(":")[0] if self._dns else ""
                 self._clients[address] = ReplayClient(
                     address, table=self.table, timeout=self.timeout, retry_seconds=0,
+                    channel_options=(("grpc.ssl_target_name_override", name),) if name else (),
                     **self._options,
                 )  # fmt: skip
             return self._clients[address]

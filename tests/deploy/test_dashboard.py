@@ -220,6 +220,9 @@ def test_dashboard_covers_the_issue():
         "apexrl_evaluation_best_mean_return",
         "apexrl_replay_size",
         "apexrl_replay_capacity",
+        "apexrl_replay_shard",
+        "apexrl_replay_stored_bytes",
+        "apexrl_replay_total_priority",
         "apexrl_replay_inserts_total",
         "apexrl_replay_samples_total",
         "apexrl_replay_priority_bucket",
@@ -234,6 +237,23 @@ def test_dashboard_covers_the_issue():
         "process_start_time_seconds",
     ]:
         assert name in queried, f"no panel reads {name}"
+
+
+def test_replay_panels_show_the_shards_summed_and_each_shard():
+    """Replay runs as shards, one pod each (replay-N, shard N): its size, memory and rates
+    appear summed over the shards and split by pod."""
+    queries = dashboard.panel_queries()
+    for name in [
+        "apexrl_replay_size",
+        "apexrl_replay_stored_bytes",
+        "apexrl_replay_inserts_total",
+        "apexrl_replay_samples_total",
+    ]:
+        reading = [q for q in queries if name in metric_names(q)]
+        per_shard = [q for q in reading if re.search(r"\bsum by \(pod\)", q)]
+        summed = [q for q in reading if "pod" not in q]
+        assert per_shard, f"no panel shows {name} per shard (sum by (pod))"
+        assert [q for q in summed if q.startswith("sum")], f"no panel sums {name} over shards"
 
 
 def test_restarts_come_from_the_processes_start_time(board):

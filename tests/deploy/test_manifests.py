@@ -22,6 +22,7 @@ import yaml
 
 from apexrl import cli, local
 from apexrl import config as cfg
+from apexrl.replay import keys
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -40,7 +41,15 @@ SERVICES = {
     "evaluator": cfg.EvaluatorConfig,
 }
 GRPC_SERVERS = {"replay", "learner"}
+WORKLOAD_KINDS = {"Deployment", "StatefulSet"}
+# Replay runs as shards: a StatefulSet behind a headless Service, dialled as every address
+# of that name (apexrl.replay.sharded); the other services are Deployments.
+KIND = {name: "StatefulSet" if name == "replay" else "Deployment" for name in SERVICES}
+DNS_SCHEME = "dns:///"
+REPLAY_SHARDS = {"overlays/large": 4}  # the others: 1
 BUNDLES = ["k8s", "base", "overlays/cpu-only", "overlays/large", "overlays/dpg", "overlays/atari"]
+# Checked by tests/deploy/test_tls_overlay.py, with the generic checks here.
+OTHER_BUNDLES = ["overlays/mtls"]
 # Metrics the alerts may use besides apexrl's own (kubelet cAdvisor and kube-state-metrics).
 KUBERNETES_METRICS: set[str] = set()  # every alert reads apexrl's own metrics
 
@@ -96,26 +105,39 @@ def named(docs: list[dict], kind: str, name: str) -> dict:
     return found[0]
 
 
-def deployments(docs: list[dict]) -> dict[str, dict]:
-    return {doc["metadata"]["name"]: doc for doc in of_kind(docs, "Deployment")}
+def workloads(docs: list[dict]) -> dict[str, dict]:
+    """Service name -> its Deployment (learner, actor, evaluator) or StatefulSet (replay)."""
+    return {doc["metadata"]["name"]: doc for doc in docs if doc["kind"] in WORKLOAD_KINDS}
 
 
-def pod_spec(deployment: dict) -> dict:
-    return deployment["spec"]["template"]["spec"]
+def claim_templates(workload: dict) -> dict[str, dict]:
+    """A StatefulSet's volumeClaimTemplates by name (each pod mounts its own claim of each)."""
+    return {t["metadata"]["name"]: t for t in workload["spec"].get("volumeClaimTemplates", [])}
 
 
-def pod_labels(deployment: dict) -> dict:
-    return deployment["spec"]["template"]["metadata"]["labels"]
+def peer(address: str) -> tuple[str, int, bool]:
+    """(host, port, every address of the name is a peer) of a client's address setting."""
+    resolve_all = address.startswith(DNS_SCHEME)
+    host, _, port = address.removeprefix(DNS_SCHEME).rpartition(":")
+    return host, int(port), resolve_all
 
 
-def container(deployment: dict) -> dict:
-    containers = pod_spec(deployment)["containers"]
-    assert len(containers) == 1, f"{deployment['metadata']['name']}: one container per pod"
+def pod_spec(workload: dict) -> dict:
+    return workload["spec"]["template"]["spec"]
+
+
+def pod_labels(workload: dict) -> dict:
+    return workload["spec"]["template"]["metadata"]["labels"]
+
+
+def container(workload: dict) -> dict:
+    containers = pod_spec(workload)["containers"]
+    assert len(containers) == 1, f"{workload['metadata']['name']}: one container per pod"
     return containers[0]
 
 
-def container_ports(deployment: dict) -> dict[str, int]:
-    return {p["name"]: p["containerPort"] for p in container(deployment).get("ports", [])}
+def container_ports(workload: dict) -> dict[str, int]:
+    return {p["name"]: p["containerPort"] for p in container(workload).get("ports", [])}
 
 
 def selects(selector: dict, labels: dict) -> bool:
@@ -142,8 +164,8 @@ def config_toml(docs: list[dict]) -> str:
 
 def effective_config(docs: list[dict], name: str, tmp_path: Path, monkeypatch):
     """The settings `apexrl <name>` would run with in this pod, parsed by apexrl.config."""
-    deployment = deployments(docs)[name]
-    spec, box = pod_spec(deployment), container(deployment)
+    workload = workloads(docs)[name]
+    spec, box = pod_spec(workload), container(workload)
     # --config must point at the ConfigMap's file where the pod mounts it.
     mounts = {m["name"]: m["mountPath"] for m in box.get("volumeMounts", [])}
     config_volumes = [
@@ -217,36 +239,50 @@ def test_base_renders_the_plain_manifests():
 def test_one_file_per_service_with_what_it_needs():
     for name in SERVICES:
         kinds = {d["kind"] for d in load_yaml(K8S / f"{name}.yaml")}
-        assert {"Deployment", "ServiceAccount"} <= kinds, name
+        assert {KIND[name], "ServiceAccount"} <= kinds, name
+        assert not kinds & WORKLOAD_KINDS - {KIND[name]}, name
         if name in GRPC_SERVERS:
-            assert {"Service", "PersistentVolumeClaim"} <= kinds, name
+            assert "Service" in kinds, name
+    # The learner's checkpoint claim is an object; each replay shard's comes from its template.
+    assert "PersistentVolumeClaim" in {d["kind"] for d in load_yaml(K8S / "learner.yaml")}
+    assert "PersistentVolumeClaim" not in {d["kind"] for d in load_yaml(K8S / "replay.yaml")}
+
+
+def test_every_overlay_is_checked():
+    overlays = {p.parent.relative_to(KUSTOMIZE).as_posix()
+                for p in KUSTOMIZE.glob("overlays/*/kustomization.yaml")}  # fmt: skip
+    checked = [b for b in BUNDLES + OTHER_BUNDLES if b.startswith("overlays/")]
+    assert sorted(checked) == sorted(overlays)
+    for overlay in overlays:
+        assert bundle_docs(overlay), f"{overlay} renders nothing"
 
 
 # --- wiring --------------------------------------------------------------------------------
 
 
-def test_deployment_selectors_match_pod_labels(bundle):
+def test_workload_selectors_match_pod_labels(bundle):
     name, docs = bundle
-    assert set(deployments(docs)) == set(SERVICES), name
-    for deployment_name, deployment in deployments(docs).items():
-        selector = deployment["spec"]["selector"]
-        assert not selector.get("matchExpressions"), deployment_name
-        assert selector["matchLabels"], deployment_name
-        assert selects(selector, pod_labels(deployment)), deployment_name
-        assert pod_labels(deployment)["app.kubernetes.io/name"] == deployment_name
-        assert container(deployment)["name"] == deployment_name
-        others = [d for n, d in deployments(docs).items() if n != deployment_name]
-        assert not any(selects(selector, pod_labels(d)) for d in others), deployment_name
+    assert set(workloads(docs)) == set(SERVICES), name
+    for workload_name, workload in workloads(docs).items():
+        assert workload["kind"] == KIND[workload_name], f"{name}: {workload_name}"
+        selector = workload["spec"]["selector"]
+        assert not selector.get("matchExpressions"), workload_name
+        assert selector["matchLabels"], workload_name
+        assert selects(selector, pod_labels(workload)), workload_name
+        assert pod_labels(workload)["app.kubernetes.io/name"] == workload_name
+        assert container(workload)["name"] == workload_name
+        others = [d for n, d in workloads(docs).items() if n != workload_name]
+        assert not any(selects(selector, pod_labels(d)) for d in others), workload_name
 
 
-def test_services_select_one_deployment_and_target_its_ports(bundle):
+def test_services_select_one_workload_and_target_its_ports(bundle):
     name, docs = bundle
     services = {s["metadata"]["name"]: s for s in of_kind(docs, "Service")}
     assert set(services) == GRPC_SERVERS, name
     for service_name, service in services.items():
         matched = [
             d
-            for d in deployments(docs).values()
+            for d in workloads(docs).values()
             if all(pod_labels(d).get(k) == v for k, v in service["spec"]["selector"].items())
         ]
         assert [d["metadata"]["name"] for d in matched] == [service_name]
@@ -262,17 +298,17 @@ def test_services_select_one_deployment_and_target_its_ports(bundle):
 
 def test_probes_target_container_ports(bundle):
     name, docs = bundle
-    for deployment_name, deployment in deployments(docs).items():
-        box, ports = container(deployment), container_ports(deployment)
-        expected_ports = {"grpc", "metrics"} if deployment_name in GRPC_SERVERS else {"metrics"}
-        assert set(ports) == expected_ports, deployment_name
-        assert box.get("readinessProbe") and box.get("livenessProbe"), deployment_name
+    for workload_name, workload in workloads(docs).items():
+        box, ports = container(workload), container_ports(workload)
+        expected_ports = {"grpc", "metrics"} if workload_name in GRPC_SERVERS else {"metrics"}
+        assert set(ports) == expected_ports, workload_name
+        assert box.get("readinessProbe") and box.get("livenessProbe"), workload_name
         for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
             probe = box.get(kind)
             if probe is None:
                 continue
-            where = f"{name}: {deployment_name} {kind}"
-            if deployment_name in GRPC_SERVERS:
+            where = f"{name}: {workload_name} {kind}"
+            if workload_name in GRPC_SERVERS:
                 # Native gRPC probe on the standard health service (overall status: service "").
                 assert set(probe) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"grpc"}, where
                 assert probe["grpc"]["port"] == ports["grpc"], where
@@ -287,72 +323,116 @@ def test_ports_and_paths_match_what_the_code_reads(bundle, tmp_path, monkeypatch
     name, docs = bundle
     services = {s["metadata"]["name"]: s for s in of_kind(docs, "Service")}
     claims = {c["metadata"]["name"] for c in of_kind(docs, "PersistentVolumeClaim")}
-    for deployment_name, deployment in deployments(docs).items():
-        config = effective_config(docs, deployment_name, tmp_path, monkeypatch)
-        ports, spec = container_ports(deployment), pod_spec(deployment)
-        where = f"{name}: {deployment_name}"
+    for workload_name, workload in workloads(docs).items():
+        config = effective_config(docs, workload_name, tmp_path, monkeypatch)
+        ports, spec = container_ports(workload), pod_spec(workload)
+        where = f"{name}: {workload_name}"
         assert config.host == "0.0.0.0", where
         assert config.metrics_port == ports["metrics"], where
-        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        annotations = workload["spec"]["template"]["metadata"]["annotations"]
         assert annotations["prometheus.io/scrape"] == "true", where
         assert annotations["prometheus.io/port"] == str(config.metrics_port), where
         assert annotations["prometheus.io/path"] == "/metrics", where
-        if deployment_name in GRPC_SERVERS:
+        if workload_name in GRPC_SERVERS:
             assert config.port == ports["grpc"], where
             # The checkpoints go to the mounted volume, and SIGTERM leaves time to write them.
-            mounts = {m["mountPath"]: m["name"] for m in container(deployment)["volumeMounts"]}
-            volume = {v["name"]: v for v in spec["volumes"]}[mounts[config.checkpoint_dir]]
-            assert volume["persistentVolumeClaim"]["claimName"] in claims, where
+            mounts = {m["mountPath"]: m["name"] for m in container(workload)["volumeMounts"]}
+            volume_name = mounts[config.checkpoint_dir]
+            if workload["kind"] == "StatefulSet":  # a claim per shard, from the template
+                assert volume_name in claim_templates(workload), where
+            else:
+                volume = {v["name"]: v for v in spec["volumes"]}[volume_name]
+                assert volume["persistentVolumeClaim"]["claimName"] in claims, where
             assert spec["terminationGracePeriodSeconds"] >= config.grace_seconds + 30, where
-        # Peer addresses are Service DNS names and ports that lead to that peer's gRPC port.
-        for peer in ("replay", "learner"):
-            address = getattr(config, peer, None)
+        # Peer addresses are Service DNS names and ports that lead to that peer's gRPC port;
+        # replay's is every address of its headless Service (dns:///), one per shard.
+        for server in ("replay", "learner"):
+            address = getattr(config, server, None)
             if address is None or not isinstance(address, str):
                 continue
-            host, _, port = address.rpartition(":")
-            assert host in (peer, f"{peer}.{NAMESPACE}", f"{peer}.{NAMESPACE}.svc"), where
-            service_ports = {p["port"]: p for p in services[peer]["spec"]["ports"]}
-            assert service_ports[int(port)]["targetPort"] == "grpc", where
+            host, port, resolve_all = peer(address)
+            assert host in (server, f"{server}.{NAMESPACE}", f"{server}.{NAMESPACE}.svc"), where
+            service_ports = {p["port"]: p for p in services[server]["spec"]["ports"]}
+            assert service_ports[port]["targetPort"] == "grpc", where
+            headless = services[server]["spec"].get("clusterIP") == "None"
+            assert resolve_all == headless == (server == "replay"), f"{where}: {address}"
 
 
 def test_every_flag_and_env_var_is_a_setting_of_the_service(bundle):
     name, docs = bundle
-    for deployment_name, deployment in deployments(docs).items():
-        box, cls = container(deployment), SERVICES[deployment_name]
+    for workload_name, workload in workloads(docs).items():
+        box, cls = container(workload), SERVICES[workload_name]
         fields = {f.name for f in dataclasses.fields(cls)}
-        assert "command" not in box, f"{deployment_name}: the image's entrypoint runs apexrl"
+        assert "command" not in box, f"{workload_name}: the image's entrypoint runs apexrl"
         flags = {"--config"} | {"--" + f.replace("_", "-") for f in fields}
         for arg in box.get("args", []):
-            assert arg.startswith("--") and "=" in arg, f"{deployment_name}: write --flag=value"
-            assert arg.split("=", 1)[0] in flags, f"{deployment_name}: unknown flag {arg}"
+            assert arg.startswith("--") and "=" in arg, f"{workload_name}: write --flag=value"
+            assert arg.split("=", 1)[0] in flags, f"{workload_name}: unknown flag {arg}"
         env_names = {"APEXRL_CONFIG"} | {cfg.env_name(f) for f in fields}
         for env in box.get("env", []):
-            assert env["name"] in env_names, f"{deployment_name}: unknown env {env['name']}"
+            assert env["name"] in env_names, f"{workload_name}: unknown env {env['name']}"
 
 
 def test_images_are_named_consistently(bundle):
     name, docs = bundle
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     suffix = {"learner": "-cpu"} if name == "overlays/cpu-only" else {}
-    for deployment_name, deployment in deployments(docs).items():
-        expected = f"apexrl/{deployment_name}:{version}{suffix.get(deployment_name, '')}"
-        assert container(deployment)["image"] == expected, name
-        assert container(deployment)["imagePullPolicy"] == "IfNotPresent", name
+    for workload_name, workload in workloads(docs).items():
+        expected = f"apexrl/{workload_name}:{version}{suffix.get(workload_name, '')}"
+        assert container(workload)["image"] == expected, name
+        assert container(workload)["imagePullPolicy"] == "IfNotPresent", name
 
 
 # --- workload shape ------------------------------------------------------------------------
 
 
-def test_replay_and_learner_are_single_replicas_replaced_whole(bundle):
+def test_learner_is_one_replica_replaced_whole(bundle):
     name, docs = bundle
-    for service in GRPC_SERVERS:
-        spec = deployments(docs)[service]["spec"]
-        assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}, service
+    spec = workloads(docs)["learner"]["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}, name
+
+
+def test_replay_is_a_statefulset_of_shards_behind_a_headless_service(bundle):
+    """Pod replay-N is shard N (its host name), keeps its own checkpoint claim when scaled
+    down, and `replay` resolves to every ready shard."""
+    name, docs = bundle
+    replay = workloads(docs)["replay"]
+    spec, box = replay["spec"], container(replay)
+    assert replay["kind"] == "StatefulSet", name
+    assert spec["replicas"] == REPLAY_SHARDS.get(name, 1), name
+    assert spec["podManagementPolicy"] == "Parallel", name
+    assert spec.get("updateStrategy", {}).get("type", "RollingUpdate") == "RollingUpdate"
+    assert spec["persistentVolumeClaimRetentionPolicy"] == {
+        "whenScaled": "Retain",
+        "whenDeleted": "Retain",
+    }, name
+    # One claim per shard, mounted where the checkpoints go, and no shared volume of that name.
+    (template,) = claim_templates(replay).values()
+    assert template["spec"]["accessModes"] == ["ReadWriteOnce"], name
+    assert quantity(template["spec"]["resources"]["requests"]["storage"]) > 0, name
+    assert template["metadata"]["labels"] == pod_labels(replay), name
+    mounts = {m["name"]: m["mountPath"] for m in box["volumeMounts"]}
+    assert template["metadata"]["name"] not in {v["name"] for v in pod_spec(replay)["volumes"]}
+    assert mounts[template["metadata"]["name"]] == "/var/lib/apexrl/replay", name
+    assert not [c for c in of_kind(docs, "PersistentVolumeClaim")
+                if c["metadata"]["labels"]["app.kubernetes.io/name"] == "replay"], name  # fmt: skip
+    # Its Service is the StatefulSet's governing one: headless, only ready shards resolve.
+    service = named(docs, "Service", spec["serviceName"])
+    assert service["metadata"]["name"] == "replay", name
+    assert service["spec"]["clusterIP"] == "None", name
+    assert service["spec"].get("publishNotReadyAddresses", False) is False, name
+    assert selects({"matchLabels": service["spec"]["selector"]}, pod_labels(replay)), name
+    # The shard id is the ordinal ending the pod's host name, as apexrl.replay parses it.
+    assert "--shard=hostname" in box["args"], name
+    for ordinal in range(spec["replicas"]):
+        assert keys.parse_shard("hostname", f"replay-{ordinal}") == ordinal
+        fqdn = f"replay-{ordinal}.replay.{NAMESPACE}.svc.cluster.local"
+        assert keys.parse_shard("hostname", fqdn) == ordinal
 
 
 def test_actor_replicas_are_the_scale_knob(bundle):
     name, docs = bundle
-    actor = deployments(docs)["actor"]
+    actor = workloads(docs)["actor"]
     expected = {"overlays/large": 32, "overlays/atari": 16}.get(name, 4)
     assert actor["spec"]["replicas"] == expected
     assert actor["spec"].get("strategy", {}).get("type", "RollingUpdate") == "RollingUpdate"
@@ -360,14 +440,14 @@ def test_actor_replicas_are_the_scale_knob(bundle):
 
 def test_learner_gpu_request(bundle):
     name, docs = bundle
-    for deployment_name, deployment in deployments(docs).items():
-        resources = container(deployment)["resources"]
+    for workload_name, workload in workloads(docs).items():
+        resources = container(workload)["resources"]
         gpus = [resources[k].get("nvidia.com/gpu") for k in ("requests", "limits")]
-        if deployment_name == "learner" and name != "overlays/cpu-only":
+        if workload_name == "learner" and name != "overlays/cpu-only":
             assert gpus == [1, 1], name
         else:
-            assert gpus == [None, None], f"{name}: {deployment_name}"
-            assert not pod_spec(deployment).get("tolerations"), f"{name}: {deployment_name}"
+            assert gpus == [None, None], f"{name}: {workload_name}"
+            assert not pod_spec(workload).get("tolerations"), f"{name}: {workload_name}"
 
 
 QUANTITY = re.compile(r"^([0-9.]+)(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
@@ -383,18 +463,24 @@ def quantity(value) -> float:
 
 def test_resources_have_requests_within_limits(bundle):
     name, docs = bundle
-    for deployment_name, deployment in deployments(docs).items():
-        resources = container(deployment)["resources"]
+    for workload_name, workload in workloads(docs).items():
+        resources = container(workload)["resources"]
         for resource in ("cpu", "memory"):
             request = quantity(resources["requests"][resource])
             limit = quantity(resources["limits"][resource])
-            assert 0 < request <= limit, f"{name}: {deployment_name} {resource}"
+            assert 0 < request <= limit, f"{name}: {workload_name} {resource}"
 
 
-def test_large_overlay_gives_replay_more_memory():
-    base = container(deployments(bundle_docs("base"))["replay"])["resources"]["limits"]
-    large = container(deployments(bundle_docs("overlays/large"))["replay"])["resources"]["limits"]
-    assert quantity(large["memory"]) > quantity(base["memory"])
+def test_large_overlay_gives_replay_more_memory_and_cpu_in_all():
+    """Over its shards: each shard holds what the base's one replay holds."""
+
+    def total(bundle: str, resource: str) -> float:
+        replay = workloads(bundle_docs(bundle))["replay"]
+        limits = container(replay)["resources"]["limits"]
+        return replay["spec"]["replicas"] * quantity(limits[resource])
+
+    for resource in ("memory", "cpu"):
+        assert total("overlays/large", resource) > total("base", resource), resource
 
 
 # --- security ------------------------------------------------------------------------------
@@ -403,9 +489,9 @@ def test_large_overlay_gives_replay_more_memory():
 def test_every_pod_runs_unprivileged(bundle):
     name, docs = bundle
     accounts = {a["metadata"]["name"]: a for a in of_kind(docs, "ServiceAccount")}
-    for deployment_name, deployment in deployments(docs).items():
-        spec, box = pod_spec(deployment), container(deployment)
-        where = f"{name}: {deployment_name}"
+    for workload_name, workload in workloads(docs).items():
+        spec, box = pod_spec(workload), container(workload)
+        where = f"{name}: {workload_name}"
         assert spec["automountServiceAccountToken"] is False, where
         assert accounts[spec["serviceAccountName"]]["automountServiceAccountToken"] is False
         for host in ("hostNetwork", "hostPID", "hostIPC"):
@@ -421,6 +507,7 @@ def test_every_pod_runs_unprivileged(bundle):
         assert sc["capabilities"]["drop"] == ["ALL"] and not sc["capabilities"].get("add")
         # Writable paths are volumes: /tmp an emptyDir, checkpoints a PVC; config read-only.
         volumes = {v["name"]: v for v in spec["volumes"]}
+        volumes |= {n: {"persistentVolumeClaim": t} for n, t in claim_templates(workload).items()}
         mounts = {m["mountPath"]: m for m in box["volumeMounts"]}
         assert "emptyDir" in volumes[mounts["/tmp"]["name"]], where
         for mount in mounts.values():
@@ -474,10 +561,14 @@ def test_atari_overlay_runs_pong_from_compressed_frames_with_room_for_2m_transit
     atari = tomllib.loads(config_toml(bundle_docs("overlays/atari")))
     assert atari["env"].startswith("ALE/") and atari["replay"]["capacity"] == 2_000_000
     assert atari["replay"]["signature"].startswith("observations:uint8:2x4x84x84:zstd,")
-    replay = container(deployments(bundle_docs("overlays/atari"))["replay"])["resources"]
+    replay = workloads(bundle_docs("overlays/atari"))["replay"]
+    resources = container(replay)["resources"]
     # benchmarks/atari.py: ~0.46 KB a stored Pong transition, ~1.9 KB MsPacman.
-    assert quantity(replay["requests"]["memory"]) >= 2_000_000 * 0.46e3
-    assert quantity(replay["limits"]["memory"]) >= 2_000_000 * 1.9e3
+    assert quantity(resources["requests"]["memory"]) >= 2_000_000 * 0.46e3
+    assert quantity(resources["limits"]["memory"]) >= 2_000_000 * 1.9e3
+    # Two checkpoints of MsPacman-size frames fit each shard's claim.
+    (template,) = claim_templates(replay).values()
+    assert quantity(template["spec"]["resources"]["requests"]["storage"]) >= 2 * 2_000_000 * 1.9e3
 
 
 def test_large_overlay_config_differs_only_in_replay():
@@ -486,8 +577,11 @@ def test_large_overlay_config_differs_only_in_replay():
     assert {k: v for k, v in large.items() if k != "replay"} == {
         k: v for k, v in base.items() if k != "replay"
     }
-    assert large["replay"]["capacity"] > base["replay"]["capacity"]
     assert set(large["replay"]) == set(base["replay"])
+    # capacity is per shard: the toml says 4M in all over the overlay's shards.
+    shards = workloads(bundle_docs("overlays/large"))["replay"]["spec"]["replicas"]
+    assert shards == REPLAY_SHARDS["overlays/large"]
+    assert shards * large["replay"]["capacity"] == 4_000_000 > base["replay"]["capacity"]
 
 
 # --- network policies ----------------------------------------------------------------------
@@ -497,7 +591,7 @@ ANY_NAMESPACE = "*"
 
 def allowed_flows(docs: list[dict]) -> set[tuple[str, str, str]]:
     """(source, target, port name) the NetworkPolicies let in; source '*' is any namespace."""
-    pods = {name: pod_labels(d) for name, d in deployments(docs).items()}
+    pods = {name: pod_labels(d) for name, d in workloads(docs).items()}
     flows = set()
     for policy in of_kind(docs, "NetworkPolicy"):
         spec = policy["spec"]
@@ -513,7 +607,7 @@ def allowed_flows(docs: list[dict]) -> set[tuple[str, str, str]]:
                 else:
                     sources |= {n for n, lab in pods.items() if selects(peer["podSelector"], lab)}
             for target in targets:
-                names = {v: k for k, v in container_ports(deployments(docs)[target]).items()}
+                names = {v: k for k, v in container_ports(workloads(docs)[target]).items()}
                 for port in rule["ports"]:
                     assert port.get("protocol", "TCP") == "TCP"
                     port_name = (
@@ -595,7 +689,7 @@ def monitoring_docs() -> list[dict]:
 
 
 def test_pod_monitors_scrape_every_service():
-    docs, pods = monitoring_docs(), deployments(plain_manifests())
+    docs, pods = monitoring_docs(), workloads(plain_manifests())
     monitors = of_kind(docs, "PodMonitor")
     assert all(m["apiVersion"] == "monitoring.coreos.com/v1" for m in monitors)
     covered = set()

@@ -24,6 +24,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from apexrl import config as cfg
 from apexrl.common.client import channel_credentials
+from apexrl.replay import sharded
 from apexrl.v1 import replay_pb2, replay_pb2_grpc
 from tests.conftest import start_service
 from tests.deploy import test_manifests as tm
@@ -46,12 +47,13 @@ CLIENTS = {"learner", "actor", "evaluator"}
 # test_manifests.py checks that take a bundle: run here as they are, or replaced below.
 GENERIC = [
     tm.test_every_resource_is_in_the_namespace,
-    tm.test_deployment_selectors_match_pod_labels,
-    tm.test_services_select_one_deployment_and_target_its_ports,
+    tm.test_workload_selectors_match_pod_labels,
+    tm.test_services_select_one_workload_and_target_its_ports,
     tm.test_ports_and_paths_match_what_the_code_reads,
     tm.test_every_flag_and_env_var_is_a_setting_of_the_service,
     tm.test_images_are_named_consistently,
-    tm.test_replay_and_learner_are_single_replicas_replaced_whole,
+    tm.test_learner_is_one_replica_replaced_whole,
+    tm.test_replay_is_a_statefulset_of_shards_behind_a_headless_service,
     tm.test_actor_replicas_are_the_scale_knob,
     tm.test_learner_gpu_request,
     tm.test_resources_have_requests_within_limits,
@@ -84,11 +86,12 @@ def tls_settings(docs, tmp_path, monkeypatch) -> dict[str, dict[str, str]]:
     return settings
 
 
-def secret_file(deployment: dict, path: str) -> tuple[str, str]:
+def secret_file(workload: dict, path: str) -> tuple[str, str]:
     """(Secret name, key) of the file at `path` in the pod, or the test fails."""
-    name = deployment["metadata"]["name"]
-    volumes = {v["name"]: v for v in tm.pod_spec(deployment)["volumes"]}
-    for mount in tm.container(deployment)["volumeMounts"]:
+    name = workload["metadata"]["name"]
+    volumes = {v["name"]: v for v in tm.pod_spec(workload)["volumes"]}
+    volumes |= {n: {} for n in tm.claim_templates(workload)}
+    for mount in tm.container(workload)["volumeMounts"]:
         target = PurePosixPath(path)
         if not target.is_relative_to(mount["mountPath"]):
             continue
@@ -132,14 +135,14 @@ def test_pods_stay_unprivileged_with_read_only_secrets(bundle):
     """The generic check, once the Secret volumes (read-only, each pod its own) are set aside."""
     name, docs = bundle
     secrets = set()
-    for deployment_name, deployment in tm.deployments(docs).items():
-        spec, box = tm.pod_spec(deployment), tm.container(deployment)
+    for workload_name, workload in tm.workloads(docs).items():
+        spec, box = tm.pod_spec(workload), tm.container(workload)
         secret_volumes = {v["name"]: v["secret"] for v in spec["volumes"] if "secret" in v}
-        assert len(secret_volumes) == 1, deployment_name
+        assert len(secret_volumes) == 1, workload_name
         for mount in box["volumeMounts"]:
             if mount["name"] in secret_volumes:
-                assert mount.get("readOnly") is True, deployment_name
-                assert not mount.get("subPath"), f"{deployment_name}: subPath never updates"
+                assert mount.get("readOnly") is True, workload_name
+                assert not mount.get("subPath"), f"{workload_name}: subPath never updates"
         secrets |= {v["secretName"] for v in secret_volumes.values()}
         spec["volumes"] = [v for v in spec["volumes"] if v["name"] not in secret_volumes]
         box["volumeMounts"] = [m for m in box["volumeMounts"] if m["name"] not in secret_volumes]
@@ -149,9 +152,9 @@ def test_pods_stay_unprivileged_with_read_only_secrets(bundle):
 
 def test_no_grpc_probe_is_left_on_a_tls_port():
     """Kubelet gRPC probes speak plaintext: TCP probes with the base's timing replace them."""
-    base = tm.deployments(tm.bundle_docs("base"))
-    for name, deployment in tm.deployments(overlay_docs()).items():
-        box, ports = tm.container(deployment), tm.container_ports(deployment)
+    base = tm.workloads(tm.bundle_docs("base"))
+    for name, workload in tm.workloads(overlay_docs()).items():
+        box, ports = tm.container(workload), tm.container_ports(workload)
         base_box = tm.container(base[name])
         for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
             probe, base_probe = box.get(kind), copy.deepcopy(base_box.get(kind))
@@ -183,24 +186,31 @@ def test_servers_require_and_clients_present_certificates(tmp_path, monkeypatch)
 def test_every_tls_file_is_a_key_of_the_pods_own_secret(tmp_path, monkeypatch):
     docs = overlay_docs()
     settings = tls_settings(docs, tmp_path, monkeypatch)
-    deployments = tm.deployments(docs)
+    workloads = tm.workloads(docs)
     for name, values in settings.items():
         for field, path in values.items():
-            secret, key = secret_file(deployments[name], path)
+            secret, key = secret_file(workloads[name], path)
             assert secret == f"{name}-tls", f"{name}: {field}"
             assert key == SECRET_KEY[field], f"{name}: {field} names Secret key {key}"
 
 
 def test_readme_documents_the_secrets():
     text = README.read_text()
-    for deployment in tm.deployments(overlay_docs()).values():
-        for volume in tm.pod_spec(deployment)["volumes"]:
+    docs = overlay_docs()
+    for workload in tm.workloads(docs).values():
+        for volume in tm.pod_spec(workload)["volumes"]:
             if "secret" in volume:
                 assert f"`{volume['secret']['secretName']}`" in text
                 assert {item["key"] for item in volume["secret"]["items"]} == set(
                     SECRET_KEY.values()
                 )
     assert "ca.key" in text and "BEGIN" not in text, "no key material in the repository"
+    # A StatefulSet's pods have names of their own under its headless Service: certificates
+    # for them, should a client dial one shard by its pod name.
+    for service in tm.of_kind(docs, "Service"):
+        if service["spec"].get("clusterIP") == "None":
+            name = service["metadata"]["name"]
+            assert f"*.{name}.{tm.NAMESPACE}.svc" in text, f"{name}'s pod names"
 
 
 # --- a real replay with the rendered settings ----------------------------------------------
@@ -239,14 +249,17 @@ def _pem(key, cert) -> dict[str, bytes]:
     }
 
 
-def make_secrets(directory: Path, hosts: dict[str, str]) -> None:
+def make_secrets(directory: Path, hosts: dict[str, str], headless: set[str]) -> None:
     """directory/<service>-tls/{tls.crt,tls.key,ca.crt}: the README's Secrets, one CA, each
-    certificate for its Service name (hosts: service -> the host name its clients dial)."""
+    certificate for its Service name (hosts: service -> the host name its clients dial) and,
+    for a headless Service's pods (replay-N.replay...), the wildcard under it."""
     ca = _issue("apexrl test CA", [])
     ca_pem = ca[1].public_bytes(serialization.Encoding.PEM)
     for service in tm.SERVICES:
         host = hosts.get(service, service)
         names = [host, f"{host}.{tm.NAMESPACE}", f"{host}.{tm.NAMESPACE}.svc"]
+        if service in headless:  # TLS wildcards need two labels after them: not *.replay
+            names += [f"*.{name}" for name in names[1:]]
         files = {**_pem(*_issue(service, names, ca)), "ca.crt": ca_pem}
         folder = directory / f"{service}-tls"
         folder.mkdir()
@@ -256,30 +269,35 @@ def make_secrets(directory: Path, hosts: dict[str, str]) -> None:
 
 def test_a_replay_serves_the_rendered_settings(tmp_path, monkeypatch):
     """`apexrl replay` with the replay pod's TLS variables, and a client with the learner's
-    settings that checks the certificate against the host name the learner dials."""
+    settings that checks the certificate against the host name the learner dials: the
+    headless Service's name (every shard), or one shard's pod name."""
     docs = overlay_docs()
-    deployments = tm.deployments(docs)
+    workloads = tm.workloads(docs)
     learner = tm.effective_config(docs, "learner", tmp_path, monkeypatch)
-    replay_host = learner.replay.rpartition(":")[0]
+    replay_host, replay_port, every_address = tm.peer(learner.replay)
+    assert every_address, learner.replay
     secrets = tmp_path / "secrets"
     secrets.mkdir()
-    make_secrets(secrets, {"replay": replay_host})
+    headless = {s["metadata"]["name"] for s in tm.of_kind(docs, "Service")
+                if s["spec"].get("clusterIP") == "None"}  # fmt: skip
+    make_secrets(secrets, {"replay": replay_host}, headless)
 
-    def local(deployment: dict, path: str) -> str:
-        secret, key = secret_file(deployment, path)
+    def local(workload: dict, path: str) -> str:
+        secret, key = secret_file(workload, path)
         return str(secrets / secret / key)
 
     for key in [k for k in os.environ if k.startswith("APEXRL_")]:
         monkeypatch.delenv(key)
-    replay_env = tm.container(deployments["replay"])["env"]
+    replay_env = tm.container(workloads["replay"])["env"]
     assert {e["name"] for e in replay_env} == {cfg.env_name(f) for f in SERVER_TLS}
     for env in replay_env:
-        monkeypatch.setenv(env["name"], local(deployments["replay"], env["value"]))
+        monkeypatch.setenv(env["name"], local(workloads["replay"], env["value"]))
     replay = start_service(tmp_path, "replay", "--min-size-to-sample", "1")
     try:
-        address = f"127.0.0.1:{replay.ports['port']}"
+        port = replay.ports["port"]
+        address = f"127.0.0.1:{port}"
         # What the kubelet's TCP probe does: connect and hang up.
-        socket.create_connection(("127.0.0.1", replay.ports["port"]), timeout=5).close()
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
 
         def info(ca: str, cert: str = "", key: str = "", host: str = replay_host):
             tls = cfg.ClientTLSConfig(tls_ca=ca, tls_client_cert=cert, tls_client_key=key)
@@ -292,16 +310,39 @@ def test_a_replay_serves_the_rendered_settings(tmp_path, monkeypatch):
                     return err.code()
 
         settings = {
-            field: local(deployments["learner"], getattr(learner, field)) for field in CLIENT_TLS
+            field: local(workloads["learner"], getattr(learner, field)) for field in CLIENT_TLS
         }
         ca, cert, key = (settings[f] for f in ("tls_ca", "tls_client_cert", "tls_client_key"))
         served = info(ca, cert, key)
         assert isinstance(served, replay_pb2.InfoResponse), served
         assert [table.name for table in served.tables] == ["default"]
+        pod = f"replay-0.{replay_host}.{tm.NAMESPACE}.svc"
+        assert isinstance(info(ca, cert, key, pod), replay_pb2.InfoResponse), pod
         assert info(ca) == grpc.StatusCode.UNAVAILABLE, "a client without a certificate"
         assert info(ca, cert, key, "elsewhere") == grpc.StatusCode.UNAVAILABLE, "wrong name"
         with grpc.insecure_channel(address) as channel:
             with pytest.raises(grpc.RpcError):
                 replay_pb2_grpc.ReplayStub(channel).Info(replay_pb2.InfoRequest(), timeout=5)
+
+        # The learner's own client, its replay setting as rendered (dns:///replay:50051, the
+        # port here the test replay's) with the name resolving to it: it dials each address
+        # the name resolves to and must check each shard's certificate against that name,
+        # which the certificate holds (not against the pod's address, which none can hold).
+        resolve = socket.getaddrinfo
+
+        def fake_dns(host, *args, **kwargs):
+            return resolve("127.0.0.1" if host == replay_host else host, *args, **kwargs)
+
+        monkeypatch.setattr(socket, "getaddrinfo", fake_dns)
+        tls = cfg.ClientTLSConfig(tls_ca=ca, tls_client_cert=cert, tls_client_key=key)
+        setting = learner.replay.replace(f":{replay_port}", f":{port}")
+        client = sharded.connect(setting, tls=tls, timeout=10, retry_seconds=10)
+        try:
+            table = client.info()
+        except grpc.RpcError as err:
+            pytest.fail(f"the learner's client cannot reach the TLS shard: {err}")
+        finally:
+            client.close()
+        assert table.name == "default"
     finally:
         replay.stop()

@@ -3,11 +3,15 @@ deploy/Dockerfile with podman, the cpu-only overlay's manifests run with `podman
 (through the test-only deploy/podman/adapter.py), a real Prometheus scraping every pod.
 
 What it checks, in file order on one deployment (module fixture): every probe the manifests
-declare passes when run by hand against its pod; Prometheus scrapes every pod; it trains
-(every actor acts with parameters newer than the first and at most a bounded number of
-versions behind, the replay grows, the learner's update count advances); scaled from 1 to 3
-actors, all 3 step and the epsilon ladder is re-spread over 3; every alert expression and
-dashboard query has data; every pod stops with exit code 0 and nothing is left.
+declare passes when run by hand against its pod, and the replay shard replay-0 is shard 0 by
+its host name; Prometheus scrapes every pod; it trains (every actor acts with parameters
+newer than the first and at most a bounded number of versions behind, the replay grows, the
+learner's update count advances); scaled from 1 to 3 actors, all 3 step and the epsilon
+ladder is re-spread over 3; scaled from 1 replay shard to 2, the new shard (empty) takes
+inserts and is sampled, scaled back to 1 it writes its checkpoint and its volume stays while
+training goes on with shard 0, scaled to 2 again it restores its items from that volume and
+is sampled again; every alert expression and dashboard query has data; every pod stops with
+exit code 0 and nothing is left.
 
 What podman does not run, so this test does NOT show it works (see the adapter's docstring):
 - Probes: the adapter removes every startup, readiness and liveness probe (podman never runs
@@ -16,7 +20,13 @@ What podman does not run, so this test does NOT show it works (see the adapter's
   runs, and requires a pass within the probe's failureThreshold x periodSeconds; nothing
   restarts a pod on a failing liveness probe or holds traffic back on a failing readiness probe.
 - Services: not created. Each Service's name is a network alias of its pods (round-robin DNS
-  in the podman network): no ClusterIP, no port mapping, no targetPort by name.
+  in the podman network): no ClusterIP, no port mapping, no targetPort by name. For replay's
+  headless Service that is what Kubernetes does too (the name resolves to every shard's pod),
+  except that podman resolves a pod as soon as it runs, not once it is ready.
+- StatefulSets: podman does not run them. The adapter makes each ordinal the Pod the
+  controller would (replay-0, host name replay-0, its own volume checkpoints-replay-0, kept
+  when the pod goes); the test scales by playing or `kube down`ing the highest ordinal. No
+  controller: nothing recreates a deleted pod, and a rolling update is not run here.
 - NetworkPolicies (also ServiceAccounts, the Namespace): not created, so not enforced; every
   pod reaches every other pod and the host.
 - Replicas: the manifest runs 4 actors; the test runs 1, then 3 (2 shared cores), so the ladder
@@ -43,6 +53,7 @@ import time
 import tomllib
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,8 +145,9 @@ class Deployment:
     work: Path
     docs: list[dict]
     volumes_before: set[str]
-    replicas: dict = field(default_factory=dict)  # deployment -> pods played
-    files: dict = field(default_factory=dict)  # deployment -> {"file", "aliases"}
+    replicas: dict = field(default_factory=dict)  # workload -> pods played
+    files: dict = field(default_factory=dict)  # play unit -> {"file", "aliases", "workload"}
+    played: dict = field(default_factory=dict)  # play unit -> its file, while played
     containers: set[str] = field(default_factory=set)  # every container id ever seen
     prometheus: subprocess.Popen | None = None
     prom_url: str = ""
@@ -146,9 +158,9 @@ class Deployment:
 
     @property
     def templates(self) -> dict[str, dict]:
-        """Deployment name -> its pod template, as rendered (probes and ports included)."""
+        """Workload name -> its pod template, as rendered (probes and ports included)."""
         return {d["metadata"]["name"]: d["spec"]["template"] for d in self.docs
-                if d["kind"] == "Deployment"}  # fmt: skip
+                if d["kind"] in adapter.WORKLOAD_KINDS}  # fmt: skip
 
     @property
     def settings(self) -> dict:
@@ -158,23 +170,46 @@ class Deployment:
 
     # --- podman ---------------------------------------------------------------------------
     def play(self, name: str, replicas: int | None = None, replace: bool = False) -> None:
-        """`kube play`s one Deployment; replace: `kube down` what was played of it first
-        (podman 4.3's `kube play --replace` fails on a Deployment: "pod already exists")."""
-        if replace:
-            sh("podman", "kube", "down", self.files[name]["file"])
+        """`kube play`s one workload at `replicas`. A Deployment: replace `kube down`s what was
+        played of it first (podman 4.3's `kube play --replace` fails on a Deployment: "pod
+        already exists"). A StatefulSet, as its controller scales: pods beyond `replicas`
+        stop (highest ordinal first, within their grace period) and go, their volumes stay;
+        missing ordinals are played."""
         if replicas:
             self.replicas[name] = replicas
+        units = adapter.workloads(self.docs, self.replicas)
+        wanted = [unit for unit, info in units.items() if info["workload"] == name]
+        mine = [unit for unit in self.played if adapter.workload_of(unit) == name]
+        # Down with the files they were played from, before those are rewritten.
+        for unit in sorted((u for u in mine if u not in wanted or replace), reverse=True):
+            if unit != name:  # a StatefulSet's pod: stopped as the kubelet would
+                self.stop_pods([unit], name)
+            sh("podman", "kube", "down", self.played.pop(unit))
         self.files = adapter.write(self.work / "play", self.docs, self.replicas)
-        info = self.files[name]
-        network = NETWORK + "".join(f":alias={a}" for a in info["aliases"])
-        sh("podman", "kube", "play", "--network", network, info["file"])
+        for unit in wanted:
+            if unit not in self.played:
+                info = self.files[unit]
+                network = adapter.network_option(NETWORK, info["aliases"])
+                sh("podman", "kube", "play", "--network", network, info["file"])
+                self.played[unit] = info["file"]
+
+    def stop_pods(self, pods: list[str], workload: str) -> None:
+        """`podman pod stop` within the workload's terminationGracePeriodSeconds (podman's
+        default stop timeout is 10 s); records each container's exit code and last lines."""
+        grace = self.templates[workload]["spec"].get("terminationGracePeriodSeconds", 30)
+        sh("podman", "pod", "stop", "-t", str(grace), *pods, check=False, timeout=grace + 60)
+        for p in self.pods():
+            if p["pod"] in pods:
+                code = sh("podman", "inspect", p["name"], "--format", "{{.State.ExitCode}}",
+                          check=False)  # fmt: skip
+                self.exit_codes[p["name"]] = (code.strip(), logs(p["name"], 3))
 
     def pods(self) -> list[dict]:
-        """Our pods' app containers: name, pod, deployment, ip, id, state."""
+        """Our pods' app containers: name, pod, deployment (its workload), ip, id, state."""
         out = []
         for c in json.loads(sh("podman", "ps", "-a", "--pod", "--format", "json") or "[]"):
             pod = c.get("PodName") or ""
-            deployment = pod.rsplit("-pod-", 1)[0]
+            deployment = adapter.workload_of(pod)
             if deployment not in ORDER or c.get("IsInfra"):
                 continue
             self.containers.add(c["Id"])
@@ -313,26 +348,16 @@ class Deployment:
         if self.down:
             return
         self.down = True
-        grace = {name: t["spec"].get("terminationGracePeriodSeconds", 30)
-                 for name, t in self.templates.items()}  # fmt: skip
         t0 = time.monotonic()
         for name in reversed(ORDER):  # clients first, replay (final checkpoint) last
             t_stop = time.monotonic()
             pods = sorted({p["pod"] for p in self.pods() if p["deployment"] == name})
             if pods:
-                sh("podman", "pod", "stop", "-t", str(grace[name]), *pods, check=False,
-                   timeout=grace[name] + 60)  # fmt: skip
+                self.stop_pods(pods, name)
             self.timings[f"stop {name}"] = time.monotonic() - t_stop
-            for p in self.pods():
-                if p["deployment"] == name:
-                    code = sh("podman", "inspect", p["name"], "--format", "{{.State.ExitCode}}",
-                              check=False)  # fmt: skip
-                    self.exit_codes[p["name"]] = (code.strip(), logs(p["name"], 3))
         self.timings["stop all pods"] = time.monotonic() - t0
-        for name in reversed(ORDER):
-            path = self.work / "play" / f"{name}.yaml"
-            if path.exists():
-                sh("podman", "kube", "down", str(path), check=False)
+        for unit in sorted(self.played, key=lambda u: ORDER.index(adapter.workload_of(u))):
+            sh("podman", "kube", "down", self.played.pop(unit), check=False)
         if self.prometheus is not None and self.prometheus.poll() is None:
             self.prometheus.terminate()
             try:
@@ -367,7 +392,7 @@ def deployment(tmp_path_factory):
     docs = adapter.load([rendered])
     # As the manifests say, except 1 actor to start with (their 4 would share 2 cores).
     replicas = {d["metadata"]["name"]: d["spec"].get("replicas", 1) for d in docs
-                if d["kind"] == "Deployment"} | {"actor": 1}  # fmt: skip
+                if d["kind"] in adapter.WORKLOAD_KINDS} | {"actor": 1}  # fmt: skip
     dep = Deployment(
         work=tmp_path_factory.mktemp("k8s"),
         docs=docs,
@@ -409,6 +434,9 @@ def test_every_probe_passes_and_prometheus_scrapes_every_pod(deployment):
     passed = dep.check_probes(dep.running())
     print("probes passed, run against the pods:", passed)
     assert sorted(passed) == sorted(p["pod"] for p in dep.running()), passed
+    # --shard=hostname: each replay pod is the shard its StatefulSet ordinal names.
+    shards = {p["pod"]: dep.metrics(p)["apexrl_replay_shard"] for p in dep.running("replay")}
+    assert shards == {f"replay-{i}": i for i in range(dep.replicas["replay"])}, shards
 
 
 def lag_bound(settings: dict) -> float:
@@ -526,6 +554,112 @@ def test_scaling_actors_from_1_to_3_steps_all_on_the_ladder_of_3(deployment):
     dep.timings["env steps/s 3 actors"] = after
 
 
+def restored_items(log: str) -> int | None:
+    """Items a replay restored at start, from its log (None: it started empty)."""
+    match = re.search(r"restored table 'default' from \S+: (\d+) items", log)
+    return int(match[1]) if match else None
+
+
+@pytest.mark.timeout(600)
+def test_scaling_replay_shards_keeps_each_shards_items(deployment):
+    """`kubectl scale statefulset/replay --replicas=2`, then 1, then 2 again. Added, shard 1
+    starts empty, takes its share of the inserts and is sampled once it holds
+    min_size_to_sample. Removed, it checkpoints on SIGTERM and its volume stays; training goes
+    on with shard 0. Added again, it restores every item it held from that volume."""
+    dep = deployment
+    minimum = dep.settings["replay"]["min_size_to_sample"]
+    seen: dict = {}
+
+    def observe() -> dict[str, dict[str, float]]:
+        now = {p["pod"]: dep.metrics(p) for p in dep.running("replay")}
+        now["learner"] = dep.metrics(dep.running("learner")[0])
+        seen.clear()
+        seen.update(now)
+        return now
+
+    def serving(*pods: str) -> dict | None:
+        """observe(), once every running pod and `pods` serve /metrics."""
+        try:
+            now = observe()
+        except OSError:  # a pod not serving /metrics yet
+            return None
+        return now if set(pods) <= set(now) else None
+
+    def grows(before: dict, shard: str) -> Callable[[], bool]:
+        """shard takes inserts and is sampled, the learner updates, since `before`."""
+
+        def check() -> bool:
+            now = serving(shard)
+            return (
+                now is not None
+                and now[shard]["apexrl_replay_size"] >= minimum
+                and now[shard]["apexrl_replay_inserts_total"]
+                > before.get(shard, {}).get("apexrl_replay_inserts_total", 0)
+                and now[shard]["apexrl_replay_samples_total"]
+                > before.get(shard, {}).get("apexrl_replay_samples_total", 0)
+                and now["learner"]["apexrl_learner_updates_total"]
+                > before["learner"]["apexrl_learner_updates_total"]
+            )
+
+        return check
+
+    t0 = time.monotonic()
+    try:
+        # Added: an empty shard 1 joins through the Service name (actors and the learner
+        # re-resolve it), takes inserts and is sampled; shard 0 keeps going.
+        before = observe()
+        assert set(before) == {"replay-0", "learner"}, set(before)
+        dep.play("replay", replicas=2)
+        wait_for(grows(before, "replay-1"), 180, "shard replay-1 to hold min_size_to_sample, "
+                 "take inserts, be sampled, and the learner to update", interval=1)  # fmt: skip
+        assert restored_items(logs("replay-1-replay", 1000)) is None, "a new shard starts empty"
+        assert seen["replay-1"]["apexrl_replay_shard"] == 1
+        wait_for(grows(before, "replay-0"), 60, "shard replay-0 to go on too", interval=1)
+        wait_for(dep.scrapes_every_pod, 120, "Prometheus scraping both shards", interval=1)
+        dep.timings["shards 1 -> 2: both take inserts and are sampled"] = time.monotonic() - t0
+
+        # Removed: shard 1 checkpoints on SIGTERM and exits 0; its volume stays. Its items are
+        # not sampled until it is back (the learner drops the priority updates of its keys).
+        now = wait_for(lambda: serving("replay-1"), 30, "replay-1's /metrics", interval=1)
+        held = now["replay-1"]["apexrl_replay_size"]  # its final checkpoint holds at least this
+        t1 = time.monotonic()
+        dep.play("replay", replicas=1)
+        code, last_lines = dep.exit_codes["replay-1-replay"]
+        assert code == "0", last_lines
+        assert "checkpoints-replay-1" in sh("podman", "volume", "ls", "-q").split()
+        before = observe()
+        assert set(before) == {"replay-0", "learner"}, set(before)
+        wait_for(grows(before, "replay-0"), 120, "training to go on with shard 0 alone",
+                 interval=1)  # fmt: skip
+        dep.timings["shards 2 -> 1: training goes on"] = time.monotonic() - t1
+
+        # Added again: shard 1 restores what it held from its volume and rejoins.
+        t2 = time.monotonic()
+        dep.play("replay", replicas=2)
+        wait_for(lambda: restored_items(logs("replay-1-replay", 1000)) is not None, 120,
+                 "replay-1 to restore its checkpoint", interval=1)  # fmt: skip
+        restored = restored_items(logs("replay-1-replay", 1000))
+        assert restored >= held, f"restored {restored} items, held {held} before it stopped"
+        before = wait_for(lambda: serving("replay-1"), 60, "replay-1 to serve /metrics again",
+                          interval=1)  # fmt: skip
+        assert before["replay-1"]["apexrl_replay_size"] >= restored
+        wait_for(grows(before, "replay-1"), 180, "the restored shard to take inserts and "
+                 "be sampled again", interval=1)  # fmt: skip
+        wait_for(dep.scrapes_every_pod, 120, "Prometheus scraping both shards", interval=1)
+        dep.timings["shards 1 -> 2 again: restored and sampled"] = time.monotonic() - t2
+    except BaseException:
+        ours = ("apexrl_replay_", "apexrl_learner_")
+        for pod, values in seen.items():
+            print(pod, {k: v for k, v in values.items() if k.startswith(ours)})
+        print(dep.logs())
+        raise
+    sizes = {pod: m["apexrl_replay_size"] for pod, m in seen.items() if pod != "learner"}
+    print(
+        f"shards: replay-1 held {held:.0f} items when scaled away, restored {restored}; "
+        f"sizes now {sizes}"
+    )
+
+
 def alert_rules() -> list[dict]:
     rule = yaml.safe_load((ROOT / "deploy/k8s/monitoring/prometheusrule.yaml").read_text())
     return rule["spec"]["groups"]
@@ -598,7 +732,7 @@ def test_pods_stop_cleanly_and_nothing_is_left(deployment):
     )
     assert all("stopped" in log for _, log in dep.exit_codes.values()), dep.exit_codes
     left = [c for c in json.loads(sh("podman", "ps", "-a", "--pod", "--format", "json") or "[]")
-            if c["Id"] in dep.containers or (c.get("PodName") or "").rsplit("-pod-", 1)[0] in ORDER]  # fmt: skip
+            if c["Id"] in dep.containers or adapter.workload_of(c.get("PodName") or "") in ORDER]  # fmt: skip
     assert not left, left
     assert not [
         p for p in sh("podman", "pod", "ps", "-q", "--filter", f"network={NETWORK}").split()
