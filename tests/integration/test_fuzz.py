@@ -744,6 +744,7 @@ def test_endless_sample_stream_ends_when_the_client_cancels(refilled, max_batche
 UPDATE_KINDS = [
     "valid",
     "repeated keys",
+    "other shard",
     "negative key",
     "key dtype",
     "key ndim",
@@ -782,7 +783,8 @@ def test_update_priorities(replay, kind, data):
         st.integers(max(0, inserts - CAPACITY), inserts - 1),  # live
         st.integers(0, inserts - 1),  # mostly stale
         st.integers(inserts, inserts + 100),  # never written (yet)
-        st.integers(0, 2**63 - 1),
+        st.integers(0, 2**48 - 1),  # anywhere in this replay's (shard 0's) key space
+        # Top bits naming no shard (> 32767): beyond every table, so stale.
         *([st.integers(2**63, 2**64 - 1)] if key_dtype == "<u8" else []),
     )
     if kind == "repeated keys":  # a few live and stale keys, each many times
@@ -803,6 +805,13 @@ def test_update_priorities(replay, kind, data):
 
     if kind in ("valid", "repeated keys"):
         expect = Expect(OK)
+    elif kind == "other shard":  # keys of shards 1 .. 32767: refused, naming the shard
+        for i in data.draw(st.lists(st.integers(0, n - 1), min_size=1), "other shard at"):
+            keys[i] = (data.draw(st.integers(1, 2**15 - 1)) << 48) | data.draw(
+                st.integers(0, 2**48 - 1)
+            )
+        tensors.to_proto(keys, request.keys)
+        expect = Expect(INVALID, ("keys",), ("belongs to shard", "this replay is shard 0"))
     elif kind == "negative key":
         keys = keys.astype(np.int64)
         for i in data.draw(st.lists(st.integers(0, n - 1), min_size=1), "negative at"):
