@@ -1,20 +1,37 @@
-"""Insert paths side by side: the shipping ReplayClient.insert (one long-lived stream) against a
-stream opened per call (what ReplayClient did before) and a raw stream (the ceiling); and one
-transition at a time through ReplayClient.writer, confirming (flush) every 64 as Reverb's
-writers do.
+"""Insert and priority paths side by side, through the shipping clients, against one replay.
 
     .venv/bin/python benchmarks/insert_paths.py [--seconds 3] [--repeats 3]
+                                                [--paths inserts,writers,priorities]
 
-One `apexrl replay` process, one writer in this process, CartPole-size transitions (obs f32[4],
-action i64, reward f32, discount f32, next_obs f32[4]) at 1 and 64 per call; items/s, median
-of the repeats, all paths in the same run. The last line is one JSON object.
+One `apexrl replay` process (capacity 1M), CartPole-size transitions (obs f32[4], action i64,
+reward f32, discount f32, next_obs f32[4]); medians of the repeats, every path in each repeat.
+
+inserts (items/s, one writer in this process): the shipping ReplayClient.insert (one
+long-lived stream) against a stream opened per call (what ReplayClient did before) and a raw
+stream (the ceiling), at 1 and 64 per call; and one transition at a time through
+ReplayClient.writer, confirming (flush) every 64 as Reverb's writers do.
+
+writers (items/s): 4 writer processes, each its own ReplayClient inserting 64 per call, the
+aggregate over the same window.
+
+priorities (priorities/s, keys of live items, float32 priorities):
+- update_priorities_512: ReplayClient.update_priorities, 512 keys a call, one call at a time;
+- learner_priorities_512: the learner's own sender (learner.training.write_priorities, as
+  Learner._write_priorities runs it: coalesced and pipelined) writing 512-key updates that a
+  producer keeps queued, as a learner faster than the replay would;
+- unary_ceiling_calls: a trivial unary call (health Check) on the same replay, one at a time:
+  the ceiling of any one-call-at-a-time path (x512: unary_ceiling_512, in priorities/s).
+The last line is one JSON object.
 """
 
 import argparse
 import json
+import multiprocessing as mp
 import queue
 import statistics
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -24,6 +41,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from atari import start_replay  # noqa: E402  (benchmarks/ is not a package)
 
 from apexrl.replay.client import STREAM_SECONDS, ReplayClient, insert_request  # noqa: E402
+
+PATHS = ("inserts", "writers", "priorities")
+CAPACITY = 1_000_000
+WRITERS = 4
 
 
 def transitions(n: int) -> dict[str, np.ndarray]:
@@ -38,6 +59,9 @@ def rate(call, n: int, seconds: float) -> float:
         call()
         calls += 1
     return calls * n / (time.perf_counter() - started)
+
+
+# --- inserts ------------------------------------------------------------------------------
 
 
 def shipping(client: ReplayClient, n: int, seconds: float) -> float:
@@ -83,32 +107,183 @@ def raw_stream(client: ReplayClient, n: int, seconds: float) -> float:
     return result
 
 
+def insert_paths(client: ReplayClient, seconds: float) -> dict[str, float]:
+    figures = {"writer_1_flush_64": writer_flush_64(client, 1, seconds)}
+    for n in (1, 64):
+        for name, path in (("shipping", shipping), ("stream_per_call", stream_per_call),
+                           ("raw_stream_ceiling", raw_stream)):  # fmt: skip
+            figures[f"{name}_{n}"] = path(client, n, seconds)
+    return figures
+
+
+# --- writer processes ---------------------------------------------------------------------
+
+
+def _writer(address: str, start, stop, counts, index: int) -> None:
+    with ReplayClient(address, retry_seconds=0) as client:
+        batch = transitions(64)
+        client.insert(batch)  # connected before the clock starts
+        start.wait()
+        inserted = 0
+        while not stop.is_set():
+            client.insert(batch)
+            inserted += 64
+            counts[index] = inserted
+
+
+def writer_processes(address: str, writers: int, seconds: float) -> float:
+    """Aggregate items/s of `writers` processes inserting 64 per call at once."""
+    ctx = mp.get_context("spawn")  # no fork: this process already runs gRPC
+    start, stop = ctx.Event(), ctx.Event()
+    counts = ctx.Array("q", writers)
+    procs = [ctx.Process(target=_writer, args=(address, start, stop, counts, i))
+             for i in range(writers)]  # fmt: skip
+    for p in procs:
+        p.start()
+    time.sleep(4)  # spawn and imports
+    start.set()
+    time.sleep(0.5)  # every writer under way
+    begin, t0 = sum(counts), time.perf_counter()
+    time.sleep(seconds)
+    end, elapsed = sum(counts), time.perf_counter() - t0
+    stop.set()
+    for p in procs:
+        p.join(60)
+    return (end - begin) / elapsed
+
+
+# --- priorities ---------------------------------------------------------------------------
+
+
+def live_updates(client: ReplayClient, count: int, n: int = 512) -> list[tuple]:
+    """`count` updates of n keys of stored items (the table filled first if it holds < 200K)."""
+    info = client.info()
+    batch = transitions(10_000)
+    while info.size < 200_000:
+        client.insert(batch)
+        info = client.info()
+    rng = np.random.default_rng(0)
+    newest = info.inserts - 1
+    return [
+        (newest - rng.integers(0, info.size, n), (rng.random(n) * 2).astype(np.float32))
+        for _ in range(count)
+    ]
+
+
+def update_priorities_512(client: ReplayClient, updates: list[tuple], seconds: float) -> float:
+    calls, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        keys, priorities = updates[calls % len(updates)]
+        client.update_priorities(keys, priorities)
+        calls += 1
+    return calls * 512 / (time.perf_counter() - started)
+
+
+def unary_ceiling(client: ReplayClient, seconds: float) -> float:
+    """Calls/s of a trivial unary call (health Check, through the same server and channel)."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    stub, request = health_pb2_grpc.HealthStub(client.channel), health_pb2.HealthCheckRequest()
+    return rate(lambda: stub.Check(request, timeout=client.timeout), 1, seconds)
+
+
+def learner_priorities(
+    client: ReplayClient, updates: list[tuple], seconds: float, senders: int
+) -> tuple[float, bool]:
+    """Priorities/s through the learner's sender with updates always queued; and whether the
+    replay counted every one of them."""
+    from apexrl.learner.training import Learner, write_priorities
+
+    queued: queue.Queue = queue.Queue()
+    stop, done = threading.Event(), threading.Event()
+    sent = [0]
+
+    def produce() -> None:
+        i = 0
+        while not done.is_set():
+            if queued.qsize() < 4 * Learner.COALESCE * senders:
+                queued.put(updates[i % len(updates)])
+                i += 1
+            else:
+                time.sleep(0.001)
+        queued.put(None)
+
+    def count(n: int) -> None:
+        sent[0] += n  # under the GIL; one += at a time is enough for a benchmark count
+
+    before = client.info()
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    timer = threading.Timer(seconds, done.set)
+    started = time.perf_counter()
+    timer.start()
+    write_priorities(client, queued, stop, count, coalesce=Learner.COALESCE, senders=senders)
+    elapsed = time.perf_counter() - started
+    producer.join()
+    after = client.info()
+    landed = (after.priority_updates + after.stale_priority_updates) - (
+        before.priority_updates + before.stale_priority_updates
+    )
+    return sent[0] / elapsed, landed == sent[0]
+
+
+def priority_paths(client: ReplayClient, seconds: float, senders: int) -> dict[str, float]:
+    updates = live_updates(client, 256)
+    calls = unary_ceiling(client, seconds)
+    one_at_a_time = update_priorities_512(client, updates, seconds)
+    learner, all_landed = learner_priorities(client, updates, seconds, senders)
+    if not all_landed:
+        raise RuntimeError("the replay counted fewer priority updates than the learner sent")
+    return {
+        "unary_ceiling_calls": calls,
+        "unary_ceiling_512": calls * 512,
+        "update_priorities_512": one_at_a_time,
+        "learner_priorities_512": learner,
+    }
+
+
 def main() -> None:
+    from apexrl.learner.training import Learner
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--paths", default=",".join(PATHS), help=f"some of {', '.join(PATHS)}")
+    parser.add_argument("--senders", type=int, default=Learner.PRIORITY_SENDERS,
+                        help="priority calls in flight on the learner's path")  # fmt: skip
     args = parser.parse_args()
-    import tempfile
+    paths = args.paths.split(",")
+    if not set(paths) <= set(PATHS):
+        parser.error(f"--paths: {args.paths!r} is not a list of {PATHS}")
 
-    process, address = start_replay("CartPole-v1", 1_000_000, Path(tempfile.mkdtemp()))
+    process, address = start_replay("CartPole-v1", CAPACITY, Path(tempfile.mkdtemp()))
     runs: dict[str, list[float]] = {}
     try:
         with ReplayClient(address) as client:
             for _ in range(args.repeats):
-                runs.setdefault("writer_1_flush_64", []).append(
-                    writer_flush_64(client, 1, args.seconds)
-                )
-                for n in (1, 64):
-                    for name, path in (("shipping", shipping), ("stream_per_call", stream_per_call),
-                                       ("raw_stream_ceiling", raw_stream)):  # fmt: skip
-                        runs.setdefault(f"{name}_{n}", []).append(path(client, n, args.seconds))
+                figures: dict[str, float] = {}
+                if "inserts" in paths:
+                    figures |= insert_paths(client, args.seconds)
+                if "writers" in paths:
+                    figures[f"writers_{WRITERS}_64"] = writer_processes(
+                        address, WRITERS, args.seconds
+                    )
+                if "priorities" in paths:
+                    figures |= priority_paths(client, args.seconds, args.senders)
+                for name, value in figures.items():
+                    runs.setdefault(name, []).append(value)
     finally:
         process.terminate()
         process.wait(30)
     figures = {k: round(statistics.median(v)) for k, v in runs.items()}
-    for n in (1, 64):
-        figures[f"shipping_over_stream_per_call_{n}"] = round(
-            figures[f"shipping_{n}"] / figures[f"stream_per_call_{n}"], 2
+    if "inserts" in paths:
+        for n in (1, 64):
+            figures[f"shipping_over_stream_per_call_{n}"] = round(
+                figures[f"shipping_{n}"] / figures[f"stream_per_call_{n}"], 2
+            )
+    if "priorities" in paths:
+        figures["update_over_unary_ceiling"] = round(
+            figures["update_priorities_512"] / figures["unary_ceiling_512"], 2
         )
     print(json.dumps({"runs": {k: [round(x) for x in v] for k, v in runs.items()}}))
     print(json.dumps(figures))

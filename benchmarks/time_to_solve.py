@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/time_to_solve.py --seeds 5                    # CartPole: DQN
     .venv/bin/python benchmarks/time_to_solve.py --task pendulum --seeds 5    # Pendulum: DPG vs TD3
     .venv/bin/python benchmarks/time_to_solve.py --task acrobot --only apexrl
+    .venv/bin/python benchmarks/time_to_solve.py --seeds 5 \
+        --task cartpole-ppo cartpole-impala acrobot-ppo acrobot-impala  # on-policy, side by side
 
 Tasks: cartpole (CartPole-v1, target 475; apexrl dqn vs SB3 DQN), acrobot (Acrobot-v1, -100;
 dqn vs SB3 DQN), pendulum (Pendulum-v1, -200, gymnasium gives it no threshold; apexrl dpg vs
@@ -13,6 +15,16 @@ the zoo's TD3 trains every step (train_freq 1, gradient_steps 1) we train at eac
 with as many gradient steps as it had env steps (train_freq (1, "episode"), gradient_steps -1,
 the zoo's own TD3 setting before 2024): the same updates per env step, and the evaluation after
 each training round runs once per episode rather than once per step.
+
+On-policy tasks: cartpole-ppo, cartpole-impala (CartPole-v1, 475) and acrobot-ppo,
+acrobot-impala (Acrobot-v1, -100): apexrl ppo or impala against SB3 PPO with the zoo's
+hyperparams/ppo.yml (its lin_X schedules decay over the zoo's n_timesteps; Acrobot under
+VecNormalize, whose statistics at that moment normalize the greedy episodes' observations and
+travel with the best model). For these the figure is *training* time, from the first env step
+on both sides, start-up (launch to first env step) reported on its own: apexrl's stepping starts
+at the metrics.csv row before the first with env steps (conservative: up to one row early; from
+launch, `seconds_counted_from`, where the first row already has env steps), SB3's when `learn`
+starts. One SB3 run per env and seed serves both of an env's tasks in one run.
 
 Protocol for both (apexrl's evaluator, reproduced for SB3): each new policy plays 10 greedy
 episodes; one that beats the best score so far plays 50 more on fresh seeds and is scored by
@@ -43,6 +55,28 @@ import numpy as np
 
 EVAL_EPISODES, CONFIRM_EPISODES = 10, 50
 FRESH_EPISODES, FRESH_SEED = 100, 1_000_000  # the saved model, on seeds no evaluation used
+
+ON_POLICY_TARGETS = (
+    "solved on every seed, median training time (from the first env step) <= 1x SB3 PPO's median;"
+    " every saved best model holds its score over 100 fresh episodes"
+)
+# SB3 PPO runs on one torch thread: its 64x64 networks gain nothing from two, and two threads on a
+# loaded 2-core machine made a 2,560-step CartPole `learn` 20-40x slower (25-55 s against 1 s).
+# hyperparams/ppo.yml, CartPole-v1 (learning_rate and clip_range: lin_1e-3, lin_0.2)
+PPO_CARTPOLE = dict(
+    env="CartPole-v1", target=475.0, sb3="PPO", zoo_timesteps=100_000, n_envs=8,
+    zoo=dict(n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0),
+    zoo_linear=dict(learning_rate=1e-3, clip_range=0.2), from_first_step=True, sb3_threads=1,
+    targets=ON_POLICY_TARGETS,
+)  # fmt: skip
+# hyperparams/ppo.yml, Acrobot-v1 (batch_size: SB3's default, 64)
+PPO_ACROBOT = dict(
+    env="Acrobot-v1", target=-100.0, sb3="PPO", zoo_timesteps=1_000_000, n_envs=16,
+    normalize=True,
+    zoo=dict(n_steps=256, gae_lambda=0.94, gamma=0.99, n_epochs=4, ent_coef=0.0),
+    from_first_step=True, sb3_threads=1,
+    targets=ON_POLICY_TARGETS,
+)  # fmt: skip
 
 # Per task: env, target, apexrl's algorithm, the SB3 peer with its rl-baselines3-zoo settings.
 TASKS = {
@@ -89,6 +123,10 @@ TASKS = {
                  policy_kwargs=dict(net_arch=[400, 300])),
         noise_std=0.1,
     ),
+    "cartpole-ppo": PPO_CARTPOLE | dict(algorithm="ppo"),
+    "cartpole-impala": PPO_CARTPOLE | dict(algorithm="impala"),
+    "acrobot-ppo": PPO_ACROBOT | dict(algorithm="ppo"),
+    "acrobot-impala": PPO_ACROBOT | dict(algorithm="impala"),
 }  # fmt: skip
 
 
@@ -104,9 +142,16 @@ def run_apexrl(task: dict, seed: int, budget: float, workdir: Path) -> dict:
     wall = time.monotonic() - started
     last = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr[-500:]
     match = re.match(r"solved in ([\d.]+) s \(([\d,]+) env steps\)", last)
-    with open(run_dir / "metrics.csv") as fh:
-        rows = list(csv.DictReader(fh))
+    rows = []  # none when local mode failed before it began monitoring: `last_line` says why
+    if (run_dir / "metrics.csv").exists():
+        with open(run_dir / "metrics.csv") as fh:
+            rows = list(csv.DictReader(fh))
     seconds = float(rows[-1]["seconds"]) if rows else 0.0
+    # On-policy tasks count from the first env step: the row before the first with env steps.
+    # Where the first row already has some, stepping began at an unknown time: count from launch.
+    stepping = next((i for i, r in enumerate(rows) if float(r["env_steps"]) > 0), None)
+    startup = float(rows[stepping - 1]["seconds"]) if stepping else None
+    zero = startup if task.get("from_first_step") and startup is not None else 0.0
     first_10 = next(
         (
             r
@@ -116,12 +161,22 @@ def run_apexrl(task: dict, seed: int, budget: float, workdir: Path) -> dict:
         None,
     )
     fresh = fresh_apexrl(run_dir / "checkpoints") if match else {}
+    clock = {}
+    if task.get("from_first_step"):
+        clock = {
+            "seconds_from_launch": float(match.group(1)) if match else None,
+            "startup_seconds": round(startup, 1) if startup is not None else None,
+            "seconds_counted_from": "first env step" if startup is not None else "launch",
+        }
     return {
         "system": f"apexrl-{task['algorithm']}", "env": task["env"], "seed": seed,
         "solved": bool(match),
-        "seconds": float(match.group(1)) if match else None,
+        "seconds": round(float(match.group(1)) - zero, 3) if match else None,
         "env_steps": int(match.group(2).replace(",", "")) if match else None,
-        "first_10_episode_target_seconds": float(first_10["seconds"]) if first_10 else None,
+        "first_10_episode_target_seconds": (
+            round(float(first_10["seconds"]) - zero, 3) if first_10 else None
+        ),
+        **clock,
         **fresh,
         "process_wall_seconds": round(wall, 1),
         "env_steps_per_s": round(float(rows[-1]["env_steps"]) / seconds, 1) if seconds else 0.0,
@@ -148,15 +203,17 @@ def fresh_apexrl(checkpoints: Path) -> dict:
     }
 
 
-def greedy_returns(model, env: str, episodes: int, seed: int) -> np.ndarray:
-    """Returns of `episodes` greedy episodes, episode k on seed `seed + k` (as apexrl's)."""
+def greedy_returns(model, env: str, episodes: int, seed: int, vec_normalize=None) -> np.ndarray:
+    """Returns of `episodes` greedy episodes, episode k on seed `seed + k` (as apexrl's); the
+    policy sees observations normalized by `vec_normalize`'s statistics (never updated here)."""
     import gymnasium as gym
 
     envs = gym.vector.SyncVectorEnv([lambda: gym.make(env) for _ in range(episodes)])
     obs, _ = envs.reset(seed=seed)
     returns, running = np.zeros(episodes), np.ones(episodes, bool)
     while running.any():
-        actions, _ = model.predict(obs, deterministic=True)
+        seen = vec_normalize.normalize_obs(obs) if vec_normalize is not None else obs
+        actions, _ = model.predict(seen, deterministic=True)
         obs, rewards, terminated, truncated, _ = envs.step(actions)
         returns += rewards * running
         running &= ~(terminated | truncated)
@@ -164,13 +221,21 @@ def greedy_returns(model, env: str, episodes: int, seed: int) -> np.ndarray:
     return returns
 
 
-def run_sb3(task: dict, seed: int, budget: float, max_steps: int) -> dict:
+def zoo_linear(initial: float, zoo_timesteps: int, max_steps: int):
+    """The zoo's lin_X: X times the progress remaining over *its* n_timesteps, 0 past them (SB3
+    measures progress over `learn`'s total, `max_steps`)."""
+    return lambda remaining: initial * max(0.0, 1.0 - (1.0 - remaining) * max_steps / zoo_timesteps)
+
+
+def run_sb3(task: dict, seed: int, budget: float, max_steps: int, threads: int) -> dict:
     import stable_baselines3
     import torch
     from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.noise import NormalActionNoise, OrnsteinUhlenbeckActionNoise
+    from stable_baselines3.common.vec_env import VecNormalize
 
-    torch.set_num_threads(2)  # SB3 is one process: let it use both cores
+    torch.set_num_threads(threads)
     launched = time.monotonic()
 
     class EvalAfterTraining(BaseCallback):
@@ -180,18 +245,28 @@ def run_sb3(task: dict, seed: int, budget: float, max_steps: int) -> dict:
             super().__init__()
             self.eval_seconds, self.solved_at, self.evals = 0.0, None, 0
             self.first_10, self.best, self.best_state = None, -np.inf, None
+            self.best_obs_rms = None  # VecNormalize's statistics when the best model was taken
             self.next_seed = seed  # apexrl's evaluator counts up from the run's seed too
+            self.clock_zero, self.startup = launched, None
+
+        def _on_training_start(self) -> None:
+            if task.get("from_first_step"):  # the clock starts at the first env step
+                self.clock_zero = time.monotonic()
+                self.startup = self.clock_zero - launched
 
         def play(self, episodes: int) -> np.ndarray:
-            returns = greedy_returns(self.model, task["env"], episodes, self.next_seed)
+            returns = greedy_returns(
+                self.model, task["env"], episodes, self.next_seed, vec_normalize
+            )
             self.next_seed += episodes
             return returns
 
         def _on_rollout_end(self) -> None:
-            if self.num_timesteps <= task["zoo"]["learning_starts"]:
+            # PPO has no learning_starts: one evaluation per rollout (it trains after each)
+            if self.num_timesteps <= task["zoo"].get("learning_starts", 0):
                 return
             started = time.monotonic()
-            clock = started - launched - self.eval_seconds
+            clock = started - self.clock_zero - self.eval_seconds
             returns = self.play(EVAL_EPISODES)
             self.evals += 1
             if returns.mean() >= task["target"] and self.first_10 is None:
@@ -201,12 +276,14 @@ def run_sb3(task: dict, seed: int, budget: float, max_steps: int) -> dict:
                 if returns.mean() > self.best:
                     self.best = returns.mean()
                     self.best_state = copy.deepcopy(self.model.policy.state_dict())
+                    if vec_normalize is not None:  # the model is only whole with its statistics
+                        self.best_obs_rms = copy.deepcopy(vec_normalize.obs_rms)
             self.eval_seconds += time.monotonic() - started
             if self.best >= task["target"] and self.solved_at is None:
                 self.solved_at = (clock, self.num_timesteps)
 
         def _on_step(self) -> bool:
-            clock = time.monotonic() - launched - self.eval_seconds
+            clock = time.monotonic() - self.clock_zero - self.eval_seconds
             return self.solved_at is None and clock < budget
 
     callback = EvalAfterTraining()
@@ -219,14 +296,23 @@ def run_sb3(task: dict, seed: int, budget: float, max_steps: int) -> dict:
         settings["action_noise"] = noise[task.get("noise", "normal")](
             np.zeros(size), task["noise_std"] * np.ones(size)
         )
+    for name, initial in task.get("zoo_linear", {}).items():
+        settings[name] = zoo_linear(initial, task["zoo_timesteps"], max_steps)
+    env, vec_normalize = task["env"], None
+    if "n_envs" in task:
+        env = make_vec_env(task["env"], n_envs=task["n_envs"], seed=seed)
+        if task.get("normalize"):  # the zoo's `normalize: true`: observations and rewards
+            env = vec_normalize = VecNormalize(env, gamma=task["zoo"]["gamma"])
     algorithm = getattr(stable_baselines3, task["sb3"])
-    model = algorithm("MlpPolicy", task["env"], seed=seed, verbose=0, **settings)
+    model = algorithm("MlpPolicy", env, seed=seed, verbose=0, **settings)
     model.learn(total_timesteps=max_steps, callback=callback)
     solved = callback.solved_at is not None
     fresh = {}
     if solved:  # its best model, on the seeds apexrl's saved model is played on
         model.policy.load_state_dict(callback.best_state)
-        returns = greedy_returns(model, task["env"], FRESH_EPISODES, FRESH_SEED)
+        if vec_normalize is not None:
+            vec_normalize.obs_rms = callback.best_obs_rms
+        returns = greedy_returns(model, task["env"], FRESH_EPISODES, FRESH_SEED, vec_normalize)
         fresh = {"fresh_100_mean": float(returns.mean()), "fresh_100_min": float(returns.min())}
     return {
         "system": f"sb3-{task['sb3'].lower()}-zoo", "env": task["env"], "seed": seed,
@@ -236,6 +322,7 @@ def run_sb3(task: dict, seed: int, budget: float, max_steps: int) -> dict:
         "first_10_episode_target_seconds": (
             round(callback.first_10, 1) if callback.first_10 is not None else None
         ),
+        **({"startup_seconds": round(callback.startup, 1)} if callback.startup is not None else {}),
         **fresh,
         "eval_seconds_excluded": round(callback.eval_seconds, 1), "evaluations": callback.evals,
         # what an unsolved run reached: the best model's score, after how many env steps
@@ -247,6 +334,8 @@ def run_sb3(task: dict, seed: int, budget: float, max_steps: int) -> dict:
 def summarize(runs: list[dict]) -> dict:
     solved = [r for r in runs if r["solved"]]
     seconds = [r["seconds"] for r in solved]
+    startups = [r["startup_seconds"] for r in runs if r.get("startup_seconds") is not None]
+    startup = {"median_startup_seconds": statistics.median(startups)} if startups else {}
     return {
         "seeds": len(runs), "solved": len(solved),
         "median_seconds": statistics.median(seconds) if len(solved) == len(runs) else None,
@@ -257,12 +346,39 @@ def summarize(runs: list[dict]) -> dict:
         "median_first_10_episode_target_seconds": statistics.median(
             [r["first_10_episode_target_seconds"] for r in runs]
         ) if all(r["first_10_episode_target_seconds"] is not None for r in runs) else None,
+        **startup,
     }  # fmt: skip
+
+
+def side_by_side(summaries: list[dict]) -> str:
+    """One line per task: medians (seconds, from the first env step where the task says so),
+    solved counts, apexrl's start-up, apexrl / SB3."""
+
+    def cell(value, unit: str = " s") -> str:
+        return "-" if value is None else f"{value:.1f}{unit}"
+
+    lines = [
+        f"{'task':<16} {'apexrl median':>13} {'solved':>6} {'start-up':>8}"
+        f" {'SB3 median':>10} {'solved':>6} {'apexrl/SB3':>10}"
+    ]
+    for summary in summaries:
+        ours, peer = summary.get("apexrl", {}), summary.get("sb3", {})
+        ratio = summary.get("apexrl_over_sb3_median")
+        lines.append(
+            f"{summary['task']:<16} {cell(ours.get('median_seconds')):>13}"
+            f" {ours.get('solved', 0)}/{ours.get('seeds', 0):<4}"
+            f" {cell(ours.get('median_startup_seconds')):>8}"
+            f" {cell(peer.get('median_seconds')):>10} {peer.get('solved', 0)}/{peer.get('seeds', 0):<4}"
+            f" {'-' if ratio is None else f'{ratio:.3f}':>10}"
+        )
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", choices=sorted(TASKS), default="cartpole")
+    parser.add_argument(
+        "--task", nargs="+", choices=sorted(TASKS), default=["cartpole"], help="one or several"
+    )
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument(
         "--budget", type=float, default=300.0, help="seconds per run before 'not solved'"
@@ -271,30 +387,48 @@ def main() -> None:
         "--sb3-max-steps",
         type=int,
         default=0,
-        help="SB3 env step budget (default 4x the zoo's: extra lets late solvers count)",
+        help="SB3 env step budget (default 4x the zoo's: extra lets late solvers count; 1x"
+        " where the zoo's schedules decay to 0 over its n_timesteps)",
+    )
+    parser.add_argument(
+        "--sb3-threads",
+        type=int,
+        default=0,
+        help="torch threads for SB3 (default the task's: 2, SB3 is one process and may use both"
+        " cores; 1 for the on-policy tasks)",
     )
     parser.add_argument("--only", choices=["apexrl", "sb3"])
     args = parser.parse_args()
-    task = TASKS[args.task]
-    max_steps = args.sb3_max_steps or 4 * task["zoo_timesteps"]
-    results: dict[str, list[dict]] = {"apexrl": [], "sb3": []}
-    with tempfile.TemporaryDirectory(prefix="apexrl-tts-") as tmp:
-        for seed in range(1, args.seeds + 1):
-            if args.only in (None, "apexrl"):
-                results["apexrl"].append(run_apexrl(task, seed, args.budget, Path(tmp)))
-                print(json.dumps(results["apexrl"][-1]), flush=True)
-            if args.only in (None, "sb3"):
-                results["sb3"].append(run_sb3(task, seed, args.budget, max_steps))
-                print(json.dumps(results["sb3"][-1]), flush=True)
-    summary = {"task": args.task} | {name: summarize(r) for name, r in results.items() if r}
-    if "apexrl" in summary and "sb3" in summary and summary["sb3"]["median_seconds"]:
-        ours, peer = summary["apexrl"]["median_seconds"], summary["sb3"]["median_seconds"]
-        summary["apexrl_over_sb3_median"] = round(ours / peer, 3) if ours else None
-    summary["targets"] = (
-        "solved on every seed, median <= 0.5 x SB3 median (cartpole: <= 20 s);"
-        " every saved best model holds its score over 100 fresh episodes"
-    )
-    print(json.dumps(summary))
+    summaries = []
+    peers: dict[tuple, dict] = {}  # (SB3 algorithm, env, seed): one run serves every task with it
+    for name in args.task:
+        task = TASKS[name]
+        zoo_steps = task["zoo_timesteps"] * (1 if "zoo_linear" in task else 4)
+        max_steps = args.sb3_max_steps or zoo_steps
+        results: dict[str, list[dict]] = {"apexrl": [], "sb3": []}
+        with tempfile.TemporaryDirectory(prefix="apexrl-tts-") as tmp:
+            for seed in range(1, args.seeds + 1):
+                if args.only in (None, "apexrl"):
+                    results["apexrl"].append(run_apexrl(task, seed, args.budget, Path(tmp)))
+                    print(json.dumps(results["apexrl"][-1]), flush=True)
+                if args.only in (None, "sb3"):
+                    key = (task["sb3"], task["env"], seed)
+                    if key not in peers:
+                        threads = args.sb3_threads or task.get("sb3_threads", 2)
+                        peers[key] = run_sb3(task, seed, args.budget, max_steps, threads)
+                        print(json.dumps(peers[key]), flush=True)
+                    results["sb3"].append(peers[key])
+        summary = {"task": name} | {system: summarize(r) for system, r in results.items() if r}
+        if "apexrl" in summary and "sb3" in summary and summary["sb3"]["median_seconds"]:
+            ours, peer = summary["apexrl"]["median_seconds"], summary["sb3"]["median_seconds"]
+            summary["apexrl_over_sb3_median"] = round(ours / peer, 3) if ours else None
+        summary["targets"] = task.get("targets", (
+            "solved on every seed, median <= 0.5 x SB3 median (cartpole: <= 20 s);"
+            " every saved best model holds its score over 100 fresh episodes"
+        ))  # fmt: skip
+        print(json.dumps(summary), flush=True)
+        summaries.append(summary)
+    print(side_by_side(summaries))
 
 
 if __name__ == "__main__":

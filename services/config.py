@@ -71,12 +71,16 @@ class AgentConfig:
     """What the learner, actors and evaluator must agree on (put it at the top of a shared file)."""
 
     algorithm: str = option(
-        "dqn", "dqn (discrete actions) or dpg (continuous): the whole stack acts and learns by it"
+        "dqn",
+        "dqn (discrete actions) or dpg (continuous), off-policy from prioritized replay; impala"
+        " or ppo (discrete, on-policy unrolls from a queue table): the whole stack acts and"
+        " learns by it",
     )
     env: str = option("CartPole-v1", "gymnasium environment id")
     hidden: str = option("128,128", "hidden layer sizes of the MLP torso (vector observations)")
     gamma: float = option(0.99, "discount factor")
     n_step: int = option(3, "n of the n-step returns the actors build")
+    unroll_length: int = option(32, "impala, ppo: env steps in each unroll an actor writes")
     sticky_actions: float = option(
         0.25, "Atari: probability the emulator repeats the previous action (ALE v5's default)"
     )
@@ -89,12 +93,86 @@ class AgentConfig:
     )
 
 
+def file_option(help: str) -> Any:
+    """A config field only a config file can set (a TOML array of tables): no flag, no env."""
+    return field(default_factory=list, metadata={"help": help, "file_only": True})
+
+
+@dataclass
+class ReplayTableConfig:
+    """One `[[replay.tables]]` entry: a table in Reverb's vocabulary (replay/samplers.py and the
+    file comment of protos/apexrl/v1/replay.proto have the semantics)."""
+
+    name: str = option("", "table name (required, unique in the server)")
+    capacity: int = option(1_000_000, "items the table holds")
+    sampler: str = option("prioritized", "prioritized, uniform, fifo (oldest first) or lifo")
+    remover: str = option(
+        "fifo", "at capacity: fifo (evict the oldest) or none (inserts wait: a queue)"
+    )
+    max_times_sampled: int = option(0, "an item leaves after this many samples (0: never)")
+    alpha: float = option(0.6, "prioritized: P(i) = p_i^alpha / sum p^alpha")
+    rate_limiter: str = option(
+        "ratio", "ratio (the three settings below) or queue (remover none: wait for room/items)"
+    )
+    min_size_to_sample: int = option(1000, "ratio: sampling waits until the table holds this many")
+    samples_per_insert: float = option(0.0, "ratio: target sampled items per inserted item")
+    error_buffer: float = option(0.0, "ratio: allowed deviation from samples_per_insert")
+    signature: str = option("", "column specs as for the replay's --signature")
+
+
+_RATIO_ONLY = ("min_size_to_sample", "samples_per_insert", "error_buffer")
+
+
+def replay_table_configs(entries: list[dict], where: str = "[[replay.tables]]"):
+    """The `[[replay.tables]]` entries as ReplayTableConfig; ValueError naming the table and the
+    key for an unknown key, a missing name, a name declared twice, or a ratio setting on a queue."""
+    kinds = {f.name: f.type for f in dataclasses.fields(ReplayTableConfig)}
+    tables: list[ReplayTableConfig] = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: entry {i} must be a table of settings, got {entry!r}")
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{where}: entry {i} needs a name (a non-empty string)")
+        for key in entry:
+            if key not in kinds:
+                raise ValueError(f"{where}: table {name!r} has unknown key {key!r}")
+        if name in {t.name for t in tables}:
+            raise ValueError(f"{where}: table {name!r} is declared twice")
+        if entry.get("rate_limiter") == "queue":
+            for key in _RATIO_ONLY:
+                if key in entry:
+                    raise ValueError(
+                        f"{where}: table {name!r}: {key} applies to rate_limiter 'ratio' only"
+                    )
+        values = {
+            k: _convert(v, kinds[k], f"{where}: table {name!r}: {k}") for k, v in entry.items()
+        }
+        tables.append(ReplayTableConfig(**values))
+    return tables
+
+
 @dataclass
 class ReplayConfig(ServeConfig):
-    """apexrl replay: prioritized experience replay server (one table)."""
+    """apexrl replay: experience replay server (prioritized tables, uniform ones, queues)."""
 
+    tables: list = file_option(
+        "config file only: a [[replay.tables]] array, one entry per table (keys: those of"
+        " ReplayTableConfig); absent: one table from the flat settings table, capacity, alpha,"
+        " signature, min_size_to_sample, samples_per_insert, error_buffer"
+    )
     table: str = option("default", "table name")
     capacity: int = option(1_000_000, "items the table holds; FIFO eviction beyond")
+    sampler: str = option("prioritized", "prioritized, uniform, fifo (oldest first) or lifo")
+    remover: str = option(
+        "fifo", "at capacity: fifo (evict the oldest) or none (inserts wait: a queue)"
+    )
+    max_times_sampled: int = option(0, "an item leaves after this many samples (0: never)")
+    rate_limiter: str = option(
+        "ratio",
+        "ratio (min_size_to_sample, samples_per_insert, error_buffer) or queue (remover none:"
+        " inserts wait for room, samples for a whole batch)",
+    )
     alpha: float = option(0.6, "priority exponent: P(i) = p_i^alpha / sum p^alpha; 0 is uniform")
     signature: str = option(
         "",
@@ -119,6 +197,29 @@ class ReplayConfig(ServeConfig):
         "this replay's shard id, 0-32767 (the top bits of its keys), or 'hostname': the ordinal "
         "at the end of the host name (StatefulSet pod replay-2 is shard 2)",
     )
+
+    def __post_init__(self) -> None:
+        self.table_configs()  # a bad [[replay.tables]] array fails here, naming the table
+
+    def table_configs(self) -> list[ReplayTableConfig]:
+        """The server's tables: the [[replay.tables]] entries, else one from the flat settings."""
+        if self.tables:
+            return replay_table_configs(self.tables)
+        return [
+            ReplayTableConfig(
+                name=self.table,
+                capacity=self.capacity,
+                sampler=self.sampler,
+                remover=self.remover,
+                max_times_sampled=self.max_times_sampled,
+                rate_limiter=self.rate_limiter,
+                alpha=self.alpha,
+                min_size_to_sample=self.min_size_to_sample,
+                samples_per_insert=self.samples_per_insert,
+                error_buffer=self.error_buffer,
+                signature=self.signature,
+            )
+        ]
 
 
 @dataclass
@@ -150,6 +251,14 @@ class LearnerConfig(AgentConfig, ClientTLSConfig, ServeConfig):
         300.0, "seconds between periodic checkpoints (0: only on SIGTERM)"
     )
     max_updates: int = option(0, "stop training after this many updates (0: never)")
+    entropy_cost: float = option(0.01, "impala, ppo: weight of the entropy bonus")
+    value_cost: float = option(0.5, "impala, ppo: weight of the value (baseline) loss")
+    gae_lambda: float = option(0.95, "ppo: lambda of generalized advantage estimation")
+    clip_range: float = option(
+        0.2, "ppo: the ratio clip epsilon; 0 = unclipped (with epochs = 1: A2C)"
+    )
+    epochs: int = option(10, "ppo: passes over each fresh batch (1, with clip_range 0: A2C)")
+    minibatches: int = option(4, "ppo: minibatches per epoch")
     threads: int = option(1, "torch CPU threads (one process per core keeps 2-core machines fair)")
 
 
@@ -221,7 +330,14 @@ def build_parser(cls: type, prog: str) -> argparse.ArgumentParser:
         default=os.environ.get("APEXRL_CONFIG", ""),
         help="TOML config file: top-level keys, then this service's [table] (env APEXRL_CONFIG)",
     )
+    file_only = [f for f in dataclasses.fields(cls) if f.metadata.get("file_only")]
+    if file_only:
+        parser.epilog = "settings only a config file sets: " + "; ".join(
+            f"{f.name}: {f.metadata['help']}" for f in file_only
+        )
     for f in dataclasses.fields(cls):
+        if f.metadata.get("file_only"):
+            continue
         flag = "--" + f.name.replace("_", "-")
         help_text = f"{f.metadata['help']} (env {env_name(f.name)})"
         if f.type is bool:
@@ -239,7 +355,8 @@ def parse(cls: type[T], argv: list[str] | None, section: str, prog: str) -> T:
     parser = build_parser(cls, prog)
     args = parser.parse_args(argv)
     explicit = {a.dest for a in parser._actions if a.option_strings and _given(a, argv)}
-    kinds = {f.name: f.type for f in dataclasses.fields(cls)}
+    kinds = {f.name: f.type for f in dataclasses.fields(cls) if not f.metadata.get("file_only")}
+    file_only = {f.name for f in dataclasses.fields(cls) if f.metadata.get("file_only")}
     values: dict[str, Any] = {}
     if args.config:
         with open(args.config, "rb") as fh:
@@ -247,6 +364,13 @@ def parse(cls: type[T], argv: list[str] | None, section: str, prog: str) -> T:
         from_file = {k: v for k, v in data.items() if not isinstance(v, dict)}
         from_file.update(data.get(section, {}))
         for key, value in from_file.items():
+            if key in file_only:
+                if not isinstance(value, list):
+                    parser.error(
+                        f"{args.config}: {key} must be an array of tables ([[{section}.{key}]])"
+                    )
+                values[key] = value
+                continue
             if key not in kinds:
                 # Top-level keys are shared by all services: only a section's own keys must match.
                 if key in data.get(section, {}):

@@ -58,6 +58,25 @@ ATARI_DEFAULTS = {
     "evaluator": {"episodes": 2, "confirm_episodes": 4, "interval": 30.0},
 }
 
+# Instead of SERVICE_DEFAULTS' replay, and on top of its other sections, for the on-policy
+# algorithms: the replay is a queue of unrolls (each sampled once, oldest first; actors wait
+# while it is full). 2 actors x 4 envs x 32 steps = 8 unrolls = 256 steps per batch: the
+# rl-baselines3-zoo's CartPole PPO (8 envs x 32 steps, 20 epochs of one minibatch, GAE lambda
+# 0.8, Adam 1e-3, no entropy bonus; its gamma 0.98 and linear decays are not copied).
+QUEUE = {"sampler": "fifo", "remover": "none", "max_times_sampled": 1, "rate_limiter": "queue"}
+ON_POLICY_DEFAULTS = {
+    "ppo": {
+        "replay": {**QUEUE, "capacity": 64},
+        "learner": {"batch_size": 8, "learning_rate": 1e-3, "epochs": 20, "minibatches": 1,
+                    "gae_lambda": 0.8, "entropy_cost": 0.0},
+        "actor": {"num_envs": 4},
+    },
+    "impala": {
+        "replay": {**QUEUE, "capacity": 64},
+        "learner": {"batch_size": 8, "learning_rate": 1e-3, "entropy_cost": 0.01},
+        "actor": {"num_envs": 4},
+    },
+}  # fmt: skip
 
 # Targets for envs gymnasium gives no reward_threshold (mean return of the best model).
 TARGETS = {"Pendulum-v1": -200.0}
@@ -131,7 +150,11 @@ class Run:
         agent = {f.name: getattr(config, f.name) for f in dataclasses.fields(cfg.AgentConfig)}
         settings = {**agent, "log_level": config.log_level}
         atari = is_atari(config.env)
+        on_policy = ON_POLICY_DEFAULTS.get(config.algorithm, {})
         for section, defaults in SERVICE_DEFAULTS.items():
+            if section in on_policy:
+                defaults = on_policy[section] if section == "replay" else {
+                    **defaults, **on_policy[section]}  # fmt: skip
             extra = ATARI_DEFAULTS[section] if atari else {}
             settings[section] = {**defaults, **extra, **user_file.get(section, {})}
         settings["learner"].setdefault("checkpoint_dir", str(run_dir / "checkpoints"))

@@ -9,6 +9,10 @@ and inserts go through a bounded buffer drained by another thread that reconnect
 (the oldest transitions are dropped and counted when the buffer is full).
 
     envs → policy.act (batched) → NStepAdder → policy.priorities → buffer → replay
+
+On-policy algorithms (impala, ppo) sample their policy instead and write unrolls
+(actor/unroll.py), taking new parameters only between unrolls, so that each unroll is one
+version's; for ppo an actor acts one unroll per version and then waits for the next.
 """
 
 import collections
@@ -23,6 +27,7 @@ import torch
 
 from apexrl import algorithms
 from apexrl.actor.nstep import NStepAdder
+from apexrl.actor.unroll import UnrollAdder, step_targets
 from apexrl.algorithms.columns import pack
 from apexrl.algorithms.envs import (
     RETURN_BUCKETS,
@@ -40,12 +45,14 @@ from apexrl.replay.sharded import ShardedReplayClient, connect
 log = logging.getLogger(__name__)
 
 LENGTH_BUCKETS = (10, 25, 50, 100, 200, 500, 1000, 5000, 10000, 30000)
+VERSION_WAIT_SECONDS = 1.0  # ppo: how long an actor waits for the version after the one it used
 
 
 EXPLORATION_HELP = {
     "epsilon": "Exploration epsilon from the actor's lease (dqn).",
     "noise_scale": "Gaussian action-noise std, as a fraction of the action half-range, from the"
     " actor's lease (dpg).",
+    "policy_sampling": "1: the actor samples its policy (impala, ppo: no exploration ladder).",
 }
 
 
@@ -247,7 +254,12 @@ def run(
     envs, obs = make_vector_env(config.env, config.num_envs, seed % 2**31, EnvOptions.of(config))
     clip = algorithm.spec.clip_rewards
     lives = None  # Atari lives, for life_loss_terminal
-    adder = NStepAdder(config.num_envs, config.n_step, config.gamma)
+    spec, unrolls = algorithm.spec, algorithm.unrolls
+    adder = (
+        UnrollAdder(config.num_envs, config.unroll_length, spec.obs_shape, spec.obs_dtype)
+        if unrolls
+        else NStepAdder(config.num_envs, config.n_step, config.gamma)
+    )
     replay = connect(config.replay, timeout=30.0, retry_seconds=1.0, tls=config)
     buffer = InsertBuffer(replay, config.buffer_limit, metrics, stop)
     puller = ParameterPuller(
@@ -262,6 +274,7 @@ def run(
     )
 
     exploration, version, have_weights = 0.0, 0, False
+    acted, waiting = 0, 0.0  # ppo: the version of its last unroll; since when it waits
     pending: list[dict[str, np.ndarray]] = []
     pending_count = steps_since_pull = 0
     returns = np.zeros(config.num_envs)
@@ -269,7 +282,7 @@ def run(
     puller.request()
     try:
         while not stop.is_set():
-            params = puller.take()
+            params = puller.take() if not unrolls or adder.at_boundary else None
             if params is not None:
                 if params.algorithm != algorithm.name:  # acting on them would be nonsense
                     raise ValueError(
@@ -286,8 +299,20 @@ def run(
             if not have_weights:  # nothing to act with yet: wait for the first pull
                 stop.wait(0.05)
                 continue
+            if algorithm.current_version_only and adder.at_boundary and version <= acted:
+                # ppo: this version has had its unroll; wait for the next, for a while (should
+                # the learner lack unrolls of this version, e.g. an actor died, act again).
+                waiting = waiting or time.monotonic()
+                if time.monotonic() - waiting < VERSION_WAIT_SECONDS:
+                    puller.request()
+                    stop.wait(0.005)
+                    continue
+            waiting = 0.0
 
-            actions = policy.act(obs, exploration, rng)
+            if unrolls:
+                actions, log_probs = policy.sample(obs, rng)
+            else:
+                actions = policy.act(obs, exploration, rng)
             next_obs, rewards, terminated, truncated, infos = envs.step(actions)
             done = terminated | truncated
             # What the learner learns from; the metrics below report the game's rewards.
@@ -298,9 +323,19 @@ def run(
                 lost = lives is not None and (infos["lives"] < lives) & ~done
                 ends = terminated | lost
                 lives = infos["lives"]
-            columns = adder.add(
-                obs, actions, learned, ends, truncated, final_observations(next_obs, infos)
-            )
+            if unrolls:
+                finals = final_observations(next_obs, infos) if truncated.any() else next_obs
+                learned, discounts = step_targets(
+                    learned, ends, truncated, finals, policy.values, config.gamma
+                )
+                columns = adder.add(obs, actions, log_probs, learned, discounts, next_obs, version)
+                if columns is not None:
+                    acted = version
+                    puller.request()  # fresh parameters for the next unroll
+            else:
+                columns = adder.add(
+                    obs, actions, learned, ends, truncated, final_observations(next_obs, infos)
+                )
             obs = next_obs
 
             returns += rewards
@@ -314,8 +349,8 @@ def run(
 
             if columns is not None:
                 pending.append(columns)
-                pending_count += len(columns["action"])
-            if pending_count >= config.insert_batch:
+                pending_count += len(next(iter(columns.values())))
+            if pending_count >= config.insert_batch or (unrolls and pending):
                 batch = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
                 priorities = policy.priorities(batch) + config.priority_epsilon
                 packed = pack(batch, columns_spec)
@@ -326,7 +361,7 @@ def run(
                 buffer.put(packed, priorities)
                 pending, pending_count = [], 0
             steps_since_pull += config.num_envs
-            if steps_since_pull >= config.pull_interval:
+            if not unrolls and steps_since_pull >= config.pull_interval:
                 puller.request()
                 steps_since_pull = 0
     finally:

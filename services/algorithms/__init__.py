@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 ALGORITHMS = {
     "dqn": ("apexrl.algorithms.dqn.algorithm:DQN", "apexrl.algorithms.dqn.transitions:columns"),
     "dpg": ("apexrl.algorithms.dpg.algorithm:DPG", "apexrl.algorithms.dpg.transitions:columns"),
+    "impala": ("apexrl.algorithms.impala.algorithm:IMPALA", "apexrl.algorithms.unrolls:columns"),
+    "ppo": ("apexrl.algorithms.ppo.algorithm:PPO", "apexrl.algorithms.unrolls:columns"),
 }
 
 
@@ -46,4 +48,4 @@ def make(config) -> Algorithm:
 def transition_columns(config) -> list[Column]:
     """The columns of `config.algorithm`'s transitions on `config.env`, without torch (the same
     as make(config).columns(); ValueError for an env whose action space it cannot act in)."""
-    return _load(config.algorithm, 1)(env_spec(config.env, EnvOptions.of(config)))
+    return _load(config.algorithm, 1)(env_spec(config.env, EnvOptions.of(config)), config)

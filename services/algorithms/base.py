@@ -74,6 +74,10 @@ class Algorithm(ABC):
     name: ClassVar[str]
     # What the exploration parameter is ("epsilon", "noise_scale"): the actor's metric name.
     exploration_name: ClassVar[str]
+    # On-policy algorithms (actor_critic.py): actors write unrolls, not n-step transitions.
+    unrolls: ClassVar[bool] = False
+    # The learner trains only on unrolls of its current version (ppo), not on older ones.
+    current_version_only: ClassVar[bool] = False
 
     def __init__(self, config, spec: EnvSpec):
         """config: the shared agent settings (config.AgentConfig or a service's superset)."""

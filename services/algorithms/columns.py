@@ -65,6 +65,31 @@ def nstep_columns(spec: EnvSpec, action_dtype: np.dtype) -> list[Column]:
     return [pair, *rest]
 
 
+def unroll_columns(spec: EnvSpec, length: int) -> list[Column]:
+    """An unroll (actor/unroll.py): `length` consecutive steps of one env as one item, the time
+    dimension first in every column. observations [length + 1, *obs] (the last is the
+    observation after the last step, for the bootstrap value), actions, rewards, discounts
+    (gamma, 0 after a terminal; a truncated step's reward carries gamma * V(final obs)), the
+    behaviour policy's log-probabilities [length], and the parameter version that acted [].
+    Discrete actions (int64 indices) only."""
+    if length < 1:
+        raise ValueError(f"unroll_length: must be >= 1, got {length}")
+    if not spec.discrete:
+        raise ValueError(
+            f"algorithm: impala and ppo act in Discrete action spaces; {spec.env_id} has a"
+            " continuous one (use algorithm = dpg)"
+        )
+    f32 = np.dtype(np.float32)
+    return [
+        Column("observations", np.dtype(spec.obs_dtype), (length + 1, *spec.obs_shape)),
+        Column("actions", np.dtype(np.int64), (length,)),
+        Column("rewards", f32, (length,)),
+        Column("discounts", f32, (length,)),
+        Column("log_probs", f32, (length,)),
+        Column("version", np.dtype(np.int64), ()),
+    ]
+
+
 def pack(transitions: dict[str, np.ndarray], columns: list[Column]) -> dict:
     """Transition fields -> the columns replay stores (stacked parts compressed)."""
     out = dict(transitions)

@@ -66,9 +66,10 @@ def to_proto(array: np.ndarray | Packed, out: tensor_pb2.Tensor | None = None) -
         tensor.data = array.data
         return tensor
     array = np.asarray(array)
-    tensor.dtype = dtype_to_proto(array.dtype)
+    code = dtype_to_proto(array.dtype)
+    tensor.dtype = code
     tensor.shape[:] = array.shape
-    tensor.data = np.ascontiguousarray(array, dtype=_TO_NUMPY[tensor.dtype]).tobytes()
+    tensor.data = np.ascontiguousarray(array, dtype=_TO_NUMPY[code]).tobytes()
     return tensor
 
 
@@ -82,21 +83,23 @@ def from_proto(tensor: tensor_pb2.Tensor, field: str) -> np.ndarray | Packed:
     shape = tuple(tensor.shape)
     if len(shape) > MAX_DIMS:
         raise InvalidArgument(f"{field}.shape", f"{len(shape)} dimensions, at most {MAX_DIMS}")
-    if any(d < 0 or d > MAX_DIM for d in shape):
+    if shape and (min(shape) < 0 or max(shape) > MAX_DIM):
         raise InvalidArgument(f"{field}.shape", f"dimension outside [0, 2^48] in {list(shape)}")
     if tensor.codec != tensor_pb2.CODEC_NONE:
         return _packed_from_proto(tensor, dtype, shape, field)
     if tensor.sizes:
         raise InvalidArgument(f"{field}.sizes", "set on a tensor that is not compressed")
+    data = tensor.data  # each read of a bytes field copies it
     expected = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
-    if len(tensor.data) != expected:
+    if len(data) != expected:
         raise InvalidArgument(
             f"{field}.data",
-            f"{len(tensor.data)} bytes but shape {list(shape)} of {dtype.name} needs {expected}",
+            f"{len(data)} bytes but shape {list(shape)} of {dtype.name} needs {expected}",
         )
-    if dtype == np.bool_ and tensor.data.translate(None, b"\x00\x01"):
+    if dtype.kind == "b" and data.translate(None, b"\x00\x01"):
         raise InvalidArgument(f"{field}.data", "BOOL bytes must be 0 or 1")
-    return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+    array = np.frombuffer(data, dtype=dtype)
+    return array if len(shape) == 1 else array.reshape(shape)
 
 
 def _packed_from_proto(tensor, dtype: np.dtype, shape: tuple, field: str) -> Packed:

@@ -35,6 +35,13 @@ class LearnerMetrics:
             "Sampled items dropped from their batch: their frames did not decompress to the"
             " column's size.",
         )
+        self.policy_lag = gauge(
+            "policy_lag",
+            "impala, ppo: learner version minus the mean version that acted, last batch.",
+        )
+        self.stale_unrolls = counter(
+            "stale_unrolls_dropped", "ppo: sampled unrolls of an older version, not trained on."
+        )
         self.checkpoint_failures = counter(
             "checkpoint_failures", "Checkpoints that failed to write (previous ones kept)."
         )

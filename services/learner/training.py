@@ -13,6 +13,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -39,6 +40,7 @@ class Learner:
     """An algorithm's Learning, its counters and parameter versions; trains until told to stop."""
 
     COALESCE = 16  # at most this many updates' priorities go to replay in one call
+    PRIORITY_SENDERS = 4  # at most this many priority calls in flight at once
 
     def __init__(
         self,
@@ -56,6 +58,7 @@ class Learner:
         self.columns = {c.name: c for c in algorithm.columns()}
         self.update_step = 0
         self.samples_consumed = 0
+        self._gathered: list = []  # ppo: current-version unrolls waiting for a full batch
         self.stop = threading.Event()
         self.helpers: list[threading.Thread] = []
         meta = (
@@ -160,6 +163,10 @@ class Learner:
                 continue
             if isinstance(item, BaseException):
                 raise item
+            if self.algorithm.current_version_only:
+                item = self._current_version(item)
+                if item is None:
+                    continue
             waited += time.perf_counter() - started
             self.metrics.wait_seconds.inc(time.perf_counter() - started)
             self._update(*item, priorities)
@@ -174,14 +181,36 @@ class Learner:
         priorities.put(None)
         threads[1].join(10)
 
+    def _current_version(self, item):
+        """ppo: the batch's unrolls of the current version, gathered over sampled batches until
+        there are batch_size of them (older ones are dropped and counted); None until then."""
+        columns, weights, keys = item
+        current = (columns["version"] == self.store.version).cpu().numpy()
+        self.metrics.stale_unrolls.inc(int((~current).sum()))
+        if current.any():
+            index = torch.from_numpy(np.flatnonzero(current)).to(weights.device)
+            kept = ({k: v[index] for k, v in columns.items()}, weights[index], keys[current])
+            self._gathered.append(kept)
+        if sum(len(k) for _, _, k in self._gathered) < self.config.batch_size:
+            return None
+        parts, self._gathered = self._gathered, []
+        columns = {k: torch.cat([c[k] for c, _, _ in parts]) for k in parts[0][0]}
+        return columns, torch.cat([w for _, w, _ in parts]), np.concatenate([k for *_, k in parts])
+
     def _update(self, columns, weights, keys, priorities: queue.Queue) -> None:
+        if "version" in columns:  # unrolls: how far behind the learner their actors were
+            lag = self.store.version - columns["version"].float().mean().item()
+            self.metrics.policy_lag.set(lag)
         td_errors, figures = self.learning.update(columns, weights, self.update_step + 1)
         self.update_step += 1
         self.samples_consumed += len(keys)
         td_errors = td_errors.cpu().numpy()
-        priorities.put((keys, td_errors + self.config.priority_epsilon))
-        if self.update_step % self.config.publish_interval == 0:
-            self.publish()
+        if self.algorithm.unrolls:  # consumed once, in order: no priorities; every update is
+            self.publish()  # a version (ppo's actors wait for it)
+        else:
+            priorities.put((keys, td_errors + self.config.priority_epsilon))
+            if self.update_step % self.config.publish_interval == 0:
+                self.publish()
         m = self.metrics
         m.updates.inc()
         m.update_step.set(self.update_step)
@@ -215,30 +244,88 @@ class Learner:
                 batches.put(err)
 
     def _write_priorities(self, replay: ReplayClient, priorities: queue.Queue) -> None:
-        """Writes priorities back, coalescing up to COALESCE updates (or what arrives in 20 ms):
-        a replay call costs far more than a few thousand keys do."""
-        done = False
-        while not done:
-            item = priorities.get()
-            done = item is None
-            pending = [] if done else [item]
-            deadline = time.monotonic() + 0.02
-            while not done and len(pending) < self.COALESCE:
-                try:
-                    item = priorities.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if item is None:
-                    done = True
-                else:
-                    pending.append(item)
-            if pending:
-                keys = np.concatenate([k for k, _ in pending])
-                values = np.concatenate([p for _, p in pending])
-                try:
-                    replay.update_priorities(keys, values)
-                    self.metrics.priority_updates.inc(len(keys))
-                except Exception as err:  # priorities are advisory: log and carry on
-                    if self.stop.is_set():
-                        return
-                    log.warning("priority update of %d keys failed: %s", len(keys), err)
+        """Writes priorities back until `priorities` yields None (see write_priorities)."""
+        write_priorities(
+            replay,
+            priorities,
+            self.stop,
+            self.metrics.priority_updates.inc,
+            coalesce=self.COALESCE,
+            senders=self.PRIORITY_SENDERS,
+        )
+
+
+def write_priorities(
+    replay,
+    updates: queue.Queue,
+    stop: threading.Event,
+    sent: Callable[[int], object],
+    *,
+    coalesce: int,
+    senders: int,
+) -> None:
+    """Writes the (keys, priorities) pairs `updates` yields to `replay` (anything with
+    `update_priorities(keys, priorities)`) until it yields None, then returns once every call
+    has ended; `sent(n)` counts the priorities of each call that succeeded.
+
+    `senders` threads (this one among them) each coalesce up to `coalesce` queued updates, or
+    what arrives in 20 ms, into one call: a replay call costs far more than a few thousand keys
+    do, and with several calls in flight the replay works on one while the next travels.
+    Calls in flight together may land in either order, so for a key in two of them the older
+    priority can win; priorities are advisory and the key's next sample sets it again. A failed
+    call is logged and dropped for the same reason; once `stop` is set, a failure ends its
+    sender quietly (the replay client was closed under it).
+    """
+    others = [
+        threading.Thread(
+            target=_send_priorities,
+            args=(replay, updates, stop, sent, coalesce),
+            name=f"priorities-{i}",
+            daemon=True,
+        )
+        for i in range(1, senders)
+    ]
+    for thread in others:
+        thread.start()
+    _send_priorities(replay, updates, stop, sent, coalesce)
+    for thread in others:
+        thread.join()
+
+
+def _send_priorities(
+    replay,
+    updates: queue.Queue,
+    stop: threading.Event,
+    sent: Callable[[int], object],
+    coalesce: int,
+) -> None:
+    """One sender of write_priorities: coalesce, send, repeat; the None that ends it goes back
+    into `updates` for the other senders."""
+    done = False
+    while not done:
+        item = updates.get()
+        if item is None:
+            updates.put(None)
+            return
+        pending = [item]
+        deadline = time.monotonic() + 0.02
+        while len(pending) < coalesce:
+            try:
+                item = updates.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if item is None:
+                updates.put(None)
+                done = True
+                break
+            pending.append(item)
+        keys = np.concatenate([k for k, _ in pending])
+        values = np.concatenate([p for _, p in pending])
+        try:
+            replay.update_priorities(keys, values)
+        except Exception as err:  # priorities are advisory: log and carry on
+            if stop.is_set():
+                return
+            log.warning("priority update of %d keys failed: %s", len(keys), err)
+        else:
+            sent(len(keys))

@@ -12,8 +12,10 @@ meta:
       "tables": [
         {
           "name": <str>, "capacity": <int>, "alpha": <float>, "max_batch_size": <int>,
+          "sampler": <str>, "remover": <str>, "max_times_sampled": <int>,
           "rate_limiter": {"min_size_to_sample": <int>, "samples_per_insert": <float>,
-                           "error_buffer": <float>},
+                           "error_buffer": <float>}   (the ratio limiter)
+                          or {"kind": "queue"},
           "signature": null (not yet fixed) or
                        [{"name": <str>, "dtype": <numpy dtype.str>, "shape": [<int>...]}...],
           "counters": {"inserts": <int>, "samples": <int>, "priority_updates": <int>,
@@ -28,15 +30,26 @@ arrays, for the table at index i of meta["tables"] (the index, not the name, so 
 no table or column name can make two arrays collide):
 
     "tables/<i>/slot_keys"              "<i8" [capacity]: key in each slot, -1 = empty
-    "tables/<i>/priorities"             "<f8" [capacity]: raw priority p (not p ** alpha)
-    "tables/<i>/columns/<column name>"  [size, *shape], one per name in "columns":
-                                        slots 0 .. size - 1, size = min(inserts, capacity)
+                                        (never written, or its item left)
+    "tables/<i>/priorities"             "<f8" [capacity]: raw priority p (not p ** alpha),
+                                        0 for an empty slot
+    "tables/<i>/times_sampled"          "<i8" [capacity]: samples of the item in each slot,
+                                        only when max_times_sampled > 0
+    "tables/<i>/columns/<column name>"  [used, *shape], one per name in "columns":
+                                        slots 0 .. used - 1, used = min(inserts, capacity)
+                                        (the slots ever written; an emptied slot's row is
+                                        kept as it was)
+
+A checkpoint written before tables had these settings has no "sampler", "remover" or
+"max_times_sampled": it is read as a prioritized table with remover "fifo" and no limit.
+Cursors (where the oldest and newest held keys are) are not stored: they follow from
+slot_keys.
 
 except for a compressed column (its signature entry has "codec"), whose items' frames are
 stored as they came, back to back:
 
-    "tables/<i>/columns/<column name>"  "u1" [total bytes]: the frames of slots 0 .. size - 1
-    "tables/<i>/sizes/<column name>"    "<u4" [size]: each frame's length
+    "tables/<i>/columns/<column name>"  "u1" [total bytes]: the frames of slots 0 .. used - 1
+    "tables/<i>/sizes/<column name>"    "<u4" [used]: each frame's length
 
 A checkpoint whose arrays are not exactly these is rejected as CorruptCheckpoint.
 """
@@ -49,6 +62,7 @@ import numpy as np
 from apexrl.common import checkpoint as generic
 from apexrl.common.checkpoint import CorruptCheckpoint
 from apexrl.replay.frames import FrameRows
+from apexrl.replay.samplers import QueueLimiter
 from apexrl.replay.table import ColumnSpec, RateLimiter, TableState
 
 __all__ = [
@@ -77,6 +91,9 @@ def _encode(states: list[TableState]) -> tuple[dict, dict[str, np.ndarray]]:
                 "capacity": s.capacity,
                 "alpha": s.alpha,
                 "max_batch_size": s.max_batch_size,
+                "sampler": s.sampler,
+                "remover": s.remover,
+                "max_times_sampled": s.max_times_sampled,
                 "rate_limiter": s.rate_limiter.to_json(),
                 "signature": None if s.signature is None else [c.to_json() for c in s.signature],
                 "counters": {
@@ -91,6 +108,8 @@ def _encode(states: list[TableState]) -> tuple[dict, dict[str, np.ndarray]]:
         )
         arrays[f"tables/{i}/slot_keys"] = s.slot_keys
         arrays[f"tables/{i}/priorities"] = s.priorities
+        if s.times_sampled is not None:
+            arrays[f"tables/{i}/times_sampled"] = s.times_sampled
         for name, column in s.columns.items():
             if isinstance(column, FrameRows):  # a compressed column's frames
                 arrays[f"tables/{i}/sizes/{name}"] = column.sizes
@@ -105,6 +124,9 @@ def _decode(meta: dict, arrays: dict[str, np.ndarray]) -> list[TableState]:
         prefix = f"tables/{i}/"
         names = {k: f"{prefix}columns/{k}" for k in t["columns"]}
         expected.update([f"{prefix}slot_keys", f"{prefix}priorities", *names.values()])
+        max_times_sampled = t.get("max_times_sampled", 0)
+        if max_times_sampled:
+            expected.add(f"{prefix}times_sampled")
         counters = t["counters"]
         signature = t["signature"]
         columns = {k: arrays[key] for k, key in names.items()}
@@ -121,7 +143,7 @@ def _decode(meta: dict, arrays: dict[str, np.ndarray]) -> list[TableState]:
                 signature=None
                 if signature is None
                 else tuple(ColumnSpec.from_json(c) for c in signature),
-                rate_limiter=RateLimiter(**t["rate_limiter"]),
+                rate_limiter=_limiter(t["rate_limiter"]),
                 max_batch_size=t["max_batch_size"],
                 inserts=counters["inserts"],
                 samples=counters["samples"],
@@ -131,6 +153,10 @@ def _decode(meta: dict, arrays: dict[str, np.ndarray]) -> list[TableState]:
                 slot_keys=arrays[f"{prefix}slot_keys"],
                 priorities=arrays[f"{prefix}priorities"],
                 columns=columns,
+                sampler=t.get("sampler", "prioritized"),
+                remover=t.get("remover", "fifo"),
+                max_times_sampled=max_times_sampled,
+                times_sampled=arrays[f"{prefix}times_sampled"] if max_times_sampled else None,
             )
         )
     if set(arrays) != expected:
@@ -139,6 +165,12 @@ def _decode(meta: dict, arrays: dict[str, np.ndarray]) -> list[TableState]:
             f"{sorted(expected - set(arrays))} missing"
         )
     return states
+
+
+def _limiter(obj: dict) -> RateLimiter | QueueLimiter:
+    if obj.get("kind") == QueueLimiter.kind:
+        return QueueLimiter()
+    return RateLimiter(**obj)
 
 
 def _frames(data: np.ndarray, sizes: np.ndarray) -> FrameRows:

@@ -11,6 +11,7 @@ import contextlib
 import errno
 import logging
 import time
+from functools import partial
 
 import grpc
 import numpy as np
@@ -32,8 +33,9 @@ from apexrl.common.errors import (
     ResourceExhausted,
 )
 from apexrl.common.serving import Service
-from apexrl.config import ReplayConfig
+from apexrl.config import ReplayConfig, ReplayTableConfig
 from apexrl.replay import checkpoint, keys
+from apexrl.replay.samplers import QueueLimiter
 from apexrl.replay.table import ColumnSpec, RateLimiter, Table
 from apexrl.v1 import replay_pb2, replay_pb2_grpc
 
@@ -148,6 +150,10 @@ class ReplayMetrics:
         counters = {
             "inserts": ("Items inserted.", "inserts"),
             "samples": ("Items sampled (a batch of B counts B).", "samples"),
+            "removed": (
+                "Items that left: evicted at capacity or sampled max_times_sampled times.",
+                "removed",
+            ),
             "priority_updates": ("Priorities set by UpdatePriorities.", "priority_updates"),
             "stale_priority_updates": (
                 "Updates ignored: item overwritten.",
@@ -168,7 +174,7 @@ class ReplayMetrics:
             labels=["table"],
         )
         for table in self.tables.values():
-            stored = table.priorities[: table.size]
+            stored = table.stored_priorities()
             counts = np.bincount(
                 np.searchsorted(PRIORITY_BUCKETS, stored, side="left"),
                 minlength=len(PRIORITY_BUCKETS) + 1,
@@ -267,7 +273,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
             max_wait = request.max_wait_seconds
             if not max_wait >= 0:  # NaN fails too
                 raise InvalidArgument("max_wait_seconds", f"must be >= 0, got {max_wait}")
-            await self._wait(context, table, "insert", table.can_insert, max_wait)
+            await self._wait(context, table, "insert", partial(table.can_insert, n), max_wait)
             first_key = table.insert(columns, priorities)
             await self._notify()
             first_key |= self.shard << keys.SHARD_SHIFT
@@ -278,7 +284,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
     ) -> replay_pb2.SampleResponse:
         table = self._table(request.table)
         table.validate_sample(request.batch_size, request.beta)
-        await self._wait(context, table, "sample", table.can_sample)
+        await self._wait(context, table, "sample", partial(table.can_sample, request.batch_size))
         result = table.sample(request.batch_size, request.beta)
         await self._notify()
         self.metrics.observe_sample(table, result.keys)
@@ -399,9 +405,9 @@ def table_info(table: Table, include_digest: bool = False) -> replay_pb2.TableIn
             for c in table.signature or []
         ],
         alpha=table.alpha,
-        min_size_to_sample=limiter.min_size_to_sample,
-        samples_per_insert=limiter.samples_per_insert,
-        error_buffer=limiter.error_buffer,
+        min_size_to_sample=getattr(limiter, "min_size_to_sample", 0),
+        samples_per_insert=getattr(limiter, "samples_per_insert", 0.0),
+        error_buffer=getattr(limiter, "error_buffer", 0.0),
         inserts=table.inserts,
         samples=table.samples,
         priority_updates=table.priority_updates,
@@ -410,27 +416,52 @@ def table_info(table: Table, include_digest: bool = False) -> replay_pb2.TableIn
         max_priority=table.max_priority,
         digest=table.digest() if include_digest else "",
         stored_bytes=table.stored_bytes,
+        sampler=table.sampler,
+        remover=table.remover,
+        max_times_sampled=table.max_times_sampled,
+        rate_limiter=limiter.kind,
+        removed=table.removed,
     )
+
+
+def make_table(settings: ReplayTableConfig, max_batch_size: int, seed: int | None) -> Table:
+    """One configured table; ValueError naming the table and the setting if it cannot work."""
+    try:
+        if settings.rate_limiter == "queue":
+            limiter = QueueLimiter()
+        else:
+            limiter = RateLimiter(
+                min_size_to_sample=settings.min_size_to_sample,
+                samples_per_insert=settings.samples_per_insert,
+                error_buffer=settings.error_buffer,
+            )
+        return Table(
+            settings.name,
+            settings.capacity,
+            sampler=settings.sampler,
+            remover=settings.remover,
+            max_times_sampled=settings.max_times_sampled,
+            alpha=settings.alpha,
+            rate_limiter=limiter,
+            signature=parse_signature(settings.signature),
+            max_batch_size=max_batch_size,
+            seed=seed,
+        )
+    except ValueError as err:
+        if str(err).startswith("table "):  # already names it
+            raise
+        raise ValueError(f"table {settings.name!r}: {err}") from None
 
 
 def build(
     config: ReplayConfig, registry: prometheus_client.CollectorRegistry
 ) -> tuple[Service, ReplayServicer]:
     """The replay service as a library: tables from config, restored from the newest checkpoint."""
-    table = Table(
-        config.table,
-        config.capacity,
-        alpha=config.alpha,
-        rate_limiter=RateLimiter(
-            min_size_to_sample=config.min_size_to_sample,
-            samples_per_insert=config.samples_per_insert,
-            error_buffer=config.error_buffer,
-        ),
-        signature=parse_signature(config.signature),
-        max_batch_size=config.max_batch_size,
-        seed=config.seed or None,
-    )
-    tables = {table.name: table}
+    tables = {}
+    for i, settings in enumerate(config.table_configs()):
+        tables[settings.name] = make_table(
+            settings, config.max_batch_size, seed=config.seed + i if config.seed else None
+        )
     if config.checkpoint_dir:
         restored = checkpoint.load_newest(config.checkpoint_dir)
         if restored is None:

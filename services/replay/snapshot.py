@@ -9,7 +9,9 @@ writes:
 
 - an insert writes whole slot ranges: the chunks they touch are copied first (`before_write`);
 - a priority update writes scattered slots: their current priorities are saved, once each
-  (`before_priority_write`), and put back into the copy when their chunk is copied.
+  (`before_priority_write`), and put back into the copy when their chunk is copied;
+- a sample that counts or removes items (max_times_sampled) writes scattered slots' keys,
+  priorities and counts: the chunks they lie in are copied first (`before_slots_write`).
 
 Counters (inserts, samples, max priority, ...) are read at the start. The state is then
 exactly the table as it was when `Snapshot` was made, however calls interleave.
@@ -25,7 +27,7 @@ CHUNK = 16_384  # slots: ~0.8 MB of copies for Atari items, a few ms each
 class Snapshot:
     def __init__(self, table):
         self.table = table
-        self.size = table.size
+        self.used = table.used  # rows ever written: the copy's rows
         self.counters = {
             "inserts": table.inserts,
             "samples": table.samples,
@@ -84,6 +86,12 @@ class Snapshot:
             slot_keys=np.concatenate([c["slot_keys"] for c in chunks]),
             priorities=np.concatenate([c["priorities"] for c in chunks]),
             columns=columns,
+            sampler=table.sampler,
+            remover=table.remover,
+            max_times_sampled=table.max_times_sampled,
+            times_sampled=None
+            if table.times_sampled is None
+            else np.concatenate([c["times_sampled"] for c in chunks]),
             **self.counters,
         )
 
@@ -93,6 +101,12 @@ class Snapshot:
             for chunk in range(start // CHUNK, (stop - 1) // CHUNK + 1):
                 if self.chunks[chunk] is None:
                     self._copy(chunk)
+
+    def before_slots_write(self, slots: np.ndarray) -> None:
+        """The table is about to write these slots' keys, priorities and counts."""
+        for chunk in np.unique(slots // CHUNK).tolist():
+            if self.chunks[chunk] is None:
+                self._copy(chunk)
 
     def before_priority_write(self, slots: np.ndarray) -> None:
         """The table is about to set the priorities of these (unique) slots."""
@@ -104,13 +118,15 @@ class Snapshot:
     def _copy(self, chunk: int) -> None:
         table = self.table
         lo, hi = chunk * CHUNK, min((chunk + 1) * CHUNK, table.capacity)
-        rows = slice(min(lo, self.size), min(hi, self.size))  # stored items only
+        rows = slice(min(lo, self.used), min(hi, self.used))  # written rows only
         part = {
             "slot_keys": table.slot_keys[lo:hi].copy(),
             "priorities": np.where(
                 self.saved[lo:hi], self.saved_values[lo:hi], table.priorities[lo:hi]
             ),
         }
+        if table.times_sampled is not None:
+            part["times_sampled"] = table.times_sampled[lo:hi].copy()
         for name, column in table.columns.items():
             if isinstance(column, FrameStore):
                 part[name] = (column.blobs[rows], column.offsets[rows], column.sizes[rows])

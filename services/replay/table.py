@@ -1,8 +1,11 @@
-"""A prioritized replay table: fixed-capacity columnar storage, FIFO eviction, a sum tree.
+"""A replay table: fixed-capacity columnar storage, a sum tree, and a composition of a
+sampler, a remover, max_times_sampled and a rate limiter (replay/samplers.py). The default
+composition is prioritized replay with FIFO eviction.
 
 Semantics are those of protos/apexrl/v1/replay.proto. Items live in preallocated numpy
 arrays, one per signature column, indexed by slot; the item with key k (its insertion
-sequence number) lives in slot k % capacity until key k + capacity overwrites it.
+sequence number) lives in slot k % capacity until key k + capacity overwrites it or it
+leaves after its max_times_sampled-th sample (its slot is then empty: slot_keys -1).
 
 Every mutating method validates its whole request before touching anything, so a
 rejected request (InvalidArgument / FailedPrecondition) leaves the table byte-for-byte
@@ -23,6 +26,14 @@ from apexrl.common import codec
 from apexrl.common.codec import Packed
 from apexrl.common.errors import FailedPrecondition, InvalidArgument
 from apexrl.replay.frames import EMPTY_ROWS, FrameRows, FrameStore
+from apexrl.replay.samplers import (
+    QueueLimiter,
+    check_composition,
+    distinct_prioritized_slots,
+    held_keys,
+    stratified_slots,
+    uniform_slots,
+)
 from apexrl.replay.snapshot import Snapshot
 from apexrl.replay.sumtree import SumTree, last_occurrence
 
@@ -132,6 +143,8 @@ class RateLimiter:
     samples_per_insert == 0 disables the ratio: only min_size_to_sample applies.
     """
 
+    kind = "ratio"  # the rate_limiter setting's name for it (a class attribute, not a field)
+
     min_size_to_sample: int = 1
     samples_per_insert: float = 0.0
     error_buffer: float = 0.0
@@ -191,9 +204,10 @@ class SampleResult:
 class TableState:
     """A table's complete state, as copies: what a checkpoint holds.
 
-    columns hold only the used rows 0 .. size - 1 (slots fill from 0 and never empty
-    again, so those are exactly the stored items), a compressed column as FrameRows (where
-    each item's frame lies); slot_keys and priorities hold all `capacity` slots.
+    columns hold only the rows ever written, 0 .. used - 1 (slots fill from 0; a slot
+    emptied by max_times_sampled keeps its row as it was), a compressed column as FrameRows
+    (where each item's frame lies); slot_keys, priorities and times_sampled hold all
+    `capacity` slots. Scan cursors are not kept: they follow from slot_keys.
     """
 
     name: str
@@ -210,10 +224,19 @@ class TableState:
     slot_keys: np.ndarray  # int64 [capacity], -1 = empty
     priorities: np.ndarray  # float64 [capacity], raw p (0 for empty slots)
     columns: dict[str, np.ndarray | FrameRows] = field(default_factory=dict)
+    sampler: str = "prioritized"
+    remover: str = "fifo"
+    max_times_sampled: int = 0
+    times_sampled: np.ndarray | None = None  # int64 [capacity] when max_times_sampled > 0
+
+    @property
+    def used(self) -> int:
+        return min(self.inserts, self.capacity)
 
     @property
     def size(self) -> int:
-        return min(self.inserts, self.capacity)
+        """Items held."""
+        return int(np.count_nonzero(self.slot_keys >= 0))
 
 
 def _is_int(x: object) -> bool:
@@ -233,9 +256,9 @@ def _check_priorities(priorities: object, n: int, what: str) -> np.ndarray:
             "priorities", f"shape must be [{n}] ({what}), got {list(priorities.shape)}"
         )
     p = priorities.astype(np.float64)
-    bad = ~np.isfinite(p) | (p < 0)
-    if bad.any():
-        i = int(np.argmax(bad))
+    # A NaN makes min and max NaN and both comparisons False: two reductions check it all.
+    if not (p.min() >= 0 and p.max() < np.inf):
+        i = int(np.argmax(~np.isfinite(p) | (p < 0)))
         raise InvalidArgument("priorities", f"must be finite and >= 0, got {p[i]} at index {i}")
     return p
 
@@ -246,8 +269,11 @@ class Table:
         name: str,
         capacity: int,
         *,
+        sampler: str = "prioritized",
+        remover: str = "fifo",
+        max_times_sampled: int = 0,
         alpha: float = 0.6,
-        rate_limiter: RateLimiter = RateLimiter(),  # noqa: B008 (frozen, so sharing is safe)
+        rate_limiter: RateLimiter | QueueLimiter = RateLimiter(),  # noqa: B008 (frozen)
         signature: list[ColumnSpec] | None = None,
         max_batch_size: int = 65536,
         seed: int | None = None,
@@ -257,9 +283,12 @@ class Table:
             raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
         if not isinstance(alpha, numbers.Real) or not math.isfinite(alpha) or alpha < 0:
             raise ValueError(f"alpha must be finite and >= 0, got {alpha!r}")
-        if not isinstance(rate_limiter, RateLimiter):
-            raise ValueError(f"rate_limiter must be a RateLimiter, got {rate_limiter!r}")
-        if capacity < rate_limiter.min_size_to_sample:
+        if not isinstance(rate_limiter, RateLimiter | QueueLimiter):
+            raise ValueError(
+                f"rate_limiter must be a RateLimiter or QueueLimiter, got {rate_limiter!r}"
+            )
+        check_composition(name, sampler, remover, max_times_sampled, rate_limiter.kind)
+        if isinstance(rate_limiter, RateLimiter) and capacity < rate_limiter.min_size_to_sample:
             raise ValueError(
                 f"capacity {capacity} < min_size_to_sample {rate_limiter.min_size_to_sample}:"
                 " the table could never be sampled"
@@ -268,6 +297,9 @@ class Table:
             raise ValueError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
         self.name = name
         self.capacity = int(capacity)
+        self.sampler = sampler
+        self.remover = remover
+        self.max_times_sampled = int(max_times_sampled)
         self.alpha = float(alpha)
         self.rate_limiter = rate_limiter
         self.max_batch_size = int(max_batch_size)
@@ -276,6 +308,18 @@ class Table:
         self.slot_keys = np.full(self.capacity, -1, dtype=np.int64)
         self.priorities = np.zeros(self.capacity, dtype=np.float64)
         self.tree = SumTree(self.capacity)
+        # Samples of the item in each slot: only kept when items leave after some.
+        self.times_sampled = (
+            np.zeros(self.capacity, dtype=np.int64) if self.max_times_sampled else None
+        )
+        self._held = 0  # items held, kept only when items can leave (size otherwise)
+        # Keys below _oldest and from _newest_end on are not held: where fifo / lifo scans
+        # start. Lazily tightened by the scans.
+        self._oldest = 0
+        self._newest_end = 0
+        # A queue's largest insert and sample batches requested so far (see QueueLimiter).
+        self._largest_insert = 0
+        self._largest_sample = 0
         self.inserts = 0  # also the next key
         self.samples = 0
         self.priority_updates = 0
@@ -324,9 +368,54 @@ class Table:
         """The storage arrays, [capacity, *shape] each; rows >= size are zeros."""
         return self._columns
 
+    @classmethod
+    def queue(
+        cls,
+        name: str,
+        capacity: int,
+        *,
+        max_times_sampled: int = 1,
+        signature: list[ColumnSpec] | None = None,
+        max_batch_size: int = 65536,
+    ) -> "Table":
+        """Reverb's Table.queue: items come out in insertion order, each once (by default);
+        inserts wait when it is full, samples when it holds less than their batch."""
+        return cls(
+            name,
+            capacity,
+            sampler="fifo",
+            remover="none",
+            max_times_sampled=max_times_sampled,
+            rate_limiter=QueueLimiter(),
+            signature=signature,
+            max_batch_size=max_batch_size,
+        )
+
+    @property
+    def used(self) -> int:
+        """Slots ever written: 0 .. used - 1."""
+        return min(self.inserts, self.capacity)
+
     @property
     def size(self) -> int:
-        return min(self.inserts, self.capacity)
+        """Items held."""
+        return self._held if self.max_times_sampled else min(self.inserts, self.capacity)
+
+    @property
+    def removed(self) -> int:
+        """Items that left: evicted at capacity or sampled max_times_sampled times."""
+        return self.inserts - self.size
+
+    @property
+    def distinct(self) -> bool:
+        """Whether a batch holds distinct items (then it needs batch_size items held)."""
+        return self.max_times_sampled > 0 or self.sampler in ("fifo", "lifo")
+
+    def stored_priorities(self) -> np.ndarray:
+        """The priorities of the items held."""
+        if self.size == self.used:
+            return self.priorities[: self.used]
+        return self.priorities[: self.used][self.slot_keys[: self.used] >= 0]
 
     @property
     def total_priority(self) -> float:
@@ -421,7 +510,30 @@ class Table:
             )
         if priorities is not None:
             _check_priorities(priorities, n, "one per item")
+        if self.rate_limiter.kind == "queue":
+            self._check_queue_pair("batch", n, self._largest_sample)
+            self._largest_insert = max(self._largest_insert, n)
         return n
+
+    def _check_queue_pair(self, field: str, batch: int, other: int) -> None:
+        """A queue refuses a batch that could wait forever with one of the other side's: an
+        insert of n waits while size > capacity - n, a sample of B while size < B."""
+        if batch + other > self.capacity + 1:
+            side = "sample" if field == "batch" else "insert"
+            raise FailedPrecondition(
+                field,
+                f"table {self.name!r} is a queue of capacity {self.capacity}: {batch} items with"
+                f" the {side} batches of {other} requested before could wait for each other"
+                f" forever (an insert batch plus a sample batch must be <= capacity + 1 ="
+                f" {self.capacity + 1})",
+            )
+
+    def has_room(self, n: int) -> bool:
+        """Whether the next n keys' slots are free, or may be overwritten (remover fifo)."""
+        if self.remover == "fifo":
+            return True
+        slots = (self.inserts + np.arange(n)) % self.capacity
+        return bool((self.slot_keys[slots] < 0).all())
 
     @staticmethod
     def _check_frames(field: str, packed: Packed) -> None:
@@ -452,8 +564,14 @@ class Table:
     def insert(
         self, columns: Mapping[str, np.ndarray | Packed], priorities: np.ndarray | None = None
     ) -> int:
-        """Inserts n items (FIFO-overwriting the oldest when full); returns the first key."""
+        """Inserts n items (remover fifo: overwriting the oldest when full); returns the first
+        key. FailedPrecondition if remover "none" and the slots are not free (the server waits
+        for can_insert first)."""
         n = self.validate_insert(columns, priorities)
+        if not self.has_room(n):
+            raise FailedPrecondition(
+                "table", f"table {self.name!r} is full (remover 'none'): no room for {n} items"
+            )
         if self._signature is None:
             self._declare(
                 tuple(
@@ -484,6 +602,10 @@ class Table:
             column[start : start + head] = array[:head]
             column[: n - head] = array[head:]
         keys = np.arange(first, first + n, dtype=np.int64)
+        if self.times_sampled is not None:
+            self._held += int(np.count_nonzero(self.slot_keys[keys % self.capacity] < 0))
+            self.times_sampled[start : start + head] = 0
+            self.times_sampled[: n - head] = 0
         self.slot_keys[start : start + head] = keys[:head]
         self.slot_keys[: n - head] = keys[head:]
         self.priorities[start : start + head] = p[:head]
@@ -491,6 +613,8 @@ class Table:
         self.tree.set(keys % self.capacity, p**self.alpha)  # 0**0 == 1: alpha 0 is uniform
 
         self.inserts += n
+        self._newest_end = self.inserts
+        self._oldest = max(self._oldest, self.inserts - self.capacity)
         self.max_priority = max(self.max_priority, float(p.max()))
         return first
 
@@ -506,40 +630,86 @@ class Table:
         # The comparison is False for NaN, so NaN is rejected too.
         if not isinstance(beta, numbers.Real) or not 0.0 <= beta <= 1.0:
             raise InvalidArgument("beta", f"must be in [0, 1], got {beta!r}")
+        if self.rate_limiter.kind == "queue":
+            self._check_queue_pair("batch_size", int(batch_size), self._largest_insert)
+            self._largest_sample = max(self._largest_sample, int(batch_size))
 
     def sample(self, batch_size: int, beta: float) -> SampleResult:
-        """Samples a stratified batch, with replacement; ignores the rate limiter.
+        """Samples a batch as the sampler says; ignores the rate limiter.
 
-        The server waits for can_sample() first; this only counts the samples.
+        The server waits for can_sample() first; this counts the samples, and removes the
+        items sampled max_times_sampled times.
         """
         self.validate_sample(batch_size, beta)
         size = self.size
         if size == 0:
             raise FailedPrecondition("table", f"table {self.name!r} is empty")
-        total = self.tree.total
-        if not total > 0:
-            raise FailedPrecondition("table", f"table {self.name!r}: every priority is 0")
-
         b = int(batch_size)
-        # Item b comes from the b-th of B equal segments of the mass. Clipped below total
-        # because (b + u) / B can round up to 1; find() also never lands on a 0 leaf.
-        masses = total * (np.arange(b) + self._rng.random(b)) / b
-        np.minimum(masses, np.nextafter(total, 0.0), out=masses)
-        slots = self.tree.find(masses)
-        probabilities = self.tree.get(slots) / total
-        # w_i = (N P_i)^-beta / max_j (N P_j)^-beta = (min_j P_j / P_i)^beta: N cancels,
-        # and this form cannot overflow for tiny P; the largest weight is exactly 1.
-        weights = (probabilities.min() / probabilities) ** float(beta)
+        if self.distinct and size < b:
+            raise FailedPrecondition(
+                "batch_size",
+                f"table {self.name!r} holds {size} items, fewer than batch_size {b}"
+                " (its batches hold distinct items)",
+            )
+        if self.sampler == "prioritized":
+            slots, probabilities, weights = self._prioritized(b, beta)
+        else:
+            if self.sampler == "uniform":
+                slots = uniform_slots(self._rng, self.slot_keys, self.used, size, b, self.distinct)
+                probabilities = np.full(b, 1.0 / size)
+            else:
+                slots = self._scan(b, newest=self.sampler == "lifo") % self.capacity
+                probabilities = np.ones(b)
+            weights = np.ones(b, dtype=np.float32)
 
         result = SampleResult(
             columns={s.name: self._gather(s, slots) for s in self._signature},
             keys=self.slot_keys[slots],
             probabilities=probabilities,
-            weights=weights.astype(np.float32),
+            weights=weights,
             table_size=size,
         )
         self.samples += b
+        if self.max_times_sampled:
+            self._count_samples(slots)
         return result
+
+    def _prioritized(self, b: int, beta: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        total = self.tree.total
+        if not total > 0:
+            raise FailedPrecondition("table", f"table {self.name!r}: every priority is 0")
+        # Item b comes from the b-th of B equal segments of the mass (samplers.py).
+        if self.distinct:
+            slots = distinct_prioritized_slots(self._rng, self.tree, b, self.name)
+        else:
+            slots = stratified_slots(self._rng, self.tree, b)
+        probabilities = self.tree.get(slots) / total
+        # w_i = (N P_i)^-beta / max_j (N P_j)^-beta = (min_j P_j / P_i)^beta: N cancels,
+        # and this form cannot overflow for tiny P; the largest weight is exactly 1.
+        weights = (probabilities.min() / probabilities) ** float(beta)
+        return slots, probabilities, weights.astype(np.float32)
+
+    def _scan(self, count: int, newest: bool) -> np.ndarray:
+        """The `count` oldest (newest) held keys, oldest (newest) first; tightens the cursor."""
+        found = held_keys(self.slot_keys, self._oldest, self._newest_end, count, newest)
+        if newest:
+            self._newest_end = int(found[0]) + 1
+        else:
+            self._oldest = int(found[0])
+        return found
+
+    def _count_samples(self, slots: np.ndarray) -> None:
+        """One more sample for each (distinct) slot; the items at max_times_sampled leave."""
+        if self._snapshot is not None:
+            self._snapshot.before_slots_write(slots)
+        self.times_sampled[slots] += 1
+        done = slots[self.times_sampled[slots] >= self.max_times_sampled]
+        if len(done):
+            self.slot_keys[done] = -1
+            self.priorities[done] = 0.0
+            self.times_sampled[done] = 0
+            self.tree.set(done, np.zeros(len(done)))
+            self._held -= len(done)
 
     def _gather(self, spec: ColumnSpec, slots: np.ndarray) -> np.ndarray | Packed:
         column = self._columns[spec.name]
@@ -559,7 +729,7 @@ class Table:
         n = len(keys)
         if not 1 <= n <= MAX_UPDATE_BATCH:
             raise InvalidArgument("keys", f"must hold 1 to {MAX_UPDATE_BATCH} keys, got {n}")
-        if keys.dtype == np.int64 and (keys < 0).any():
+        if keys.dtype == np.int64 and keys.min() < 0:
             i = int(np.argmax(keys < 0))
             raise InvalidArgument("keys", f"must be >= 0, got {keys[i]} at index {i}")
         return _check_priorities(priorities, n, "one per key")
@@ -569,17 +739,19 @@ class Table:
         p = self._validate_update(keys, priorities)
         # Keys >= inserts were never written, so they are stale; clipping to inserts
         # keeps them stale and brings huge uint64 keys into int64 range.
-        k = np.minimum(keys, self.inserts).astype(np.int64)
+        k = np.minimum(keys, self.inserts).astype(np.int64, copy=False)
         slots = k % self.capacity
         live = self.slot_keys[slots] == k
         updated = int(np.count_nonzero(live))
         if updated:
-            unique_slots, last = last_occurrence(slots[live])
-            new = p[live][last]
+            if updated < len(k):
+                slots, p = slots[live], p[live]
+            unique_slots, last = last_occurrence(slots)
+            new = p[last]
             if self._snapshot is not None:
                 self._snapshot.before_priority_write(unique_slots)
             self.priorities[unique_slots] = new
-            self.tree.set(unique_slots, new**self.alpha)
+            self.tree.set(unique_slots, new**self.alpha, distinct=True)
             self.max_priority = max(self.max_priority, float(new.max()))
         self.priority_updates += updated
         self.stale_priority_updates += len(k) - updated
@@ -587,11 +759,16 @@ class Table:
 
     # --- rate limiter ------------------------------------------------------------------
 
-    def can_insert(self) -> bool:
-        return self.rate_limiter.can_insert(self.inserts, self.samples)
+    def can_insert(self, n: int = 1) -> bool:
+        """Whether an insert of n items may go ahead now (the limiter, and room for them)."""
+        return self.rate_limiter.can_insert(self.inserts, self.samples) and self.has_room(n)
 
-    def can_sample(self) -> bool:
-        return self.rate_limiter.can_sample(self.inserts, self.samples, self.size)
+    def can_sample(self, batch_size: int = 1) -> bool:
+        """Whether a batch may be sampled now (the limiter, and enough items if distinct)."""
+        size = self.size
+        if self.distinct and size < batch_size:
+            return False
+        return self.rate_limiter.can_sample(self.inserts, self.samples, size)
 
     # --- digest, snapshot, restore -----------------------------------------------------
 
@@ -599,6 +776,9 @@ class Table:
         return {
             "name": self.name,
             "capacity": self.capacity,
+            "sampler": self.sampler,
+            "remover": self.remover,
+            "max_times_sampled": self.max_times_sampled,
             "alpha": self.alpha,
             "rate_limiter": self.rate_limiter.to_json(),
             "max_batch_size": self.max_batch_size,
@@ -619,14 +799,17 @@ class Table:
             "alpha": self.alpha.hex(),  # hex: exact, whatever repr does
         }
         h.update(json.dumps(meta, sort_keys=True).encode())
-        size = self.size
-        for array in (self.slot_keys, self.priorities, *self._columns.values()):
+        used = self.used  # slots never written are all -1, 0, zeros
+        arrays = [self.slot_keys, self.priorities, *self._columns.values()]
+        if self.times_sampled is not None:
+            arrays.append(self.times_sampled)
+        for array in arrays:
             if isinstance(array, FrameStore):  # each frame's size, then the frames
-                h.update(array.sizes[:size])
-                for span in array.spans(size):
+                h.update(array.sizes[:used])
+                for span in array.spans(used):
                     h.update(span)
             else:
-                h.update(np.ascontiguousarray(array[:size]))
+                h.update(np.ascontiguousarray(array[:used]))
         # The tree is derived from priorities, but a bug there would change sampling.
         h.update(self.tree.values)
         return h.hexdigest()
@@ -651,6 +834,9 @@ class Table:
         table = cls(
             state.name,
             state.capacity,
+            sampler=state.sampler,
+            remover=state.remover,
+            max_times_sampled=state.max_times_sampled,
             alpha=state.alpha,
             rate_limiter=state.rate_limiter,
             signature=None if state.signature is None else list(state.signature),
@@ -665,12 +851,13 @@ class Table:
         the state disagrees with this table's configuration or is inconsistent.
 
         The configured rate limiter and max_batch_size are kept (they may be retuned
-        between runs); capacity, alpha and signature must match.
+        between runs); capacity, sampler, remover, max_times_sampled, alpha and signature
+        must match.
         """
         self._check_state(state)
         if self._snapshot is not None:  # one in progress keeps the contents it began with
             self._snapshot.finish()
-        size, old_size = state.size, self.size
+        size, old_size = state.used, self.used
         if state.signature is not None and self._signature is None:
             self._declare(tuple(state.signature))
         for name, column in self._columns.items():
@@ -683,6 +870,12 @@ class Table:
             column[size:old_size] = 0
         self.slot_keys[:] = state.slot_keys
         self.priorities[:] = state.priorities
+        if self.times_sampled is not None:
+            self.times_sampled[:] = state.times_sampled
+        self._held = state.size
+        # Keys below inserts - capacity were overwritten; the scans tighten the rest.
+        self._oldest = max(0, int(state.inserts) - self.capacity)
+        self._newest_end = int(state.inserts)
         self.tree.reset(np.where(self.slot_keys >= 0, self.priorities**self.alpha, 0.0))
         self.inserts = int(state.inserts)
         self.samples = int(state.samples)
@@ -697,6 +890,12 @@ class Table:
             raise ValueError(f"capacity: state has {state.capacity}, table has {self.capacity}")
         if state.alpha != self.alpha:
             raise ValueError(f"alpha: state has {state.alpha}, table has {self.alpha}")
+        for setting in ("sampler", "remover", "max_times_sampled"):
+            ours, theirs = getattr(self, setting), getattr(state, setting)
+            if theirs != ours:
+                raise ValueError(
+                    f"{setting}: state of table {self.name!r} has {theirs!r}, table has {ours!r}"
+                )
         sig = None if state.signature is None else tuple(state.signature)
         if sig is not None and self._signature is not None and sig != self._signature:
             raise ValueError(f"signature: state has {sig}, table has {self._signature}")
@@ -706,24 +905,43 @@ class Table:
                 raise ValueError(f"{counter}: must be an integer >= 0, got {value!r}")
         if not math.isfinite(state.max_priority) or state.max_priority < 0:
             raise ValueError(f"max_priority: must be finite and >= 0, got {state.max_priority}")
-        size = state.size
+        used = state.used
         cap = self.capacity
-        for name, array, dtype in (
+        arrays = [
             ("slot_keys", state.slot_keys, np.int64),
             ("priorities", state.priorities, np.float64),
-        ):
+        ]
+        if self.max_times_sampled:
+            arrays.append(("times_sampled", state.times_sampled, np.int64))
+        elif state.times_sampled is not None:
+            raise ValueError("times_sampled: present, but max_times_sampled is 0")
+        for name, array, dtype in arrays:
             if not isinstance(array, np.ndarray) or array.dtype != dtype or array.shape != (cap,):
                 raise ValueError(f"{name}: must be {np.dtype(dtype)} [{cap}]")
         # Keys are insertion numbers, so the slots' keys follow from inserts alone: slot s
-        # holds the newest key k < inserts with k % capacity == s, or -1.
+        # holds the newest key k < inserts with k % capacity == s, or -1 when it was never
+        # written or (only with max_times_sampled) its item left.
         slots = np.arange(cap, dtype=np.int64)
         newest = state.inserts - 1 - (state.inserts - 1 - slots) % cap
-        expected = np.where(slots < size, newest, -1)
-        if not np.array_equal(state.slot_keys, expected):
+        expected = np.where(slots < used, newest, -1)
+        matches = state.slot_keys == expected
+        if self.max_times_sampled:
+            matches |= state.slot_keys == -1
+        if not matches.all():
             raise ValueError(f"slot_keys: inconsistent with inserts = {state.inserts}")
+        empty = state.slot_keys < 0
         p = state.priorities
-        if not (np.isfinite(p).all() and (p >= 0).all() and (p[size:] == 0).all()):
+        if not (np.isfinite(p).all() and (p >= 0).all() and (p[empty] == 0).all()):
             raise ValueError("priorities: must be finite, >= 0, and 0 for empty slots")
+        if self.max_times_sampled:
+            t = state.times_sampled
+            if not (
+                (t >= 0).all() and (t < self.max_times_sampled).all() and (t[empty] == 0).all()
+            ):
+                raise ValueError(
+                    f"times_sampled: must be in [0, {self.max_times_sampled}) and 0 for empty slots"
+                )
+        size = used  # the rows the state's columns hold
         if sig is None:
             # The first insert fixes the signature, so a state without one is empty.
             if state.columns or size:

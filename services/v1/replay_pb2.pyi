@@ -108,7 +108,7 @@ class ColumnSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[_tensor_pb2.DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., codec: _Optional[_Union[_tensor_pb2.Codec, str]] = ...) -> None: ...
 
 class TableInfo(_message.Message):
-    __slots__ = ("name", "capacity", "size", "signature", "alpha", "min_size_to_sample", "samples_per_insert", "error_buffer", "inserts", "samples", "priority_updates", "stale_priority_updates", "total_priority", "max_priority", "digest", "stored_bytes")
+    __slots__ = ("name", "capacity", "size", "signature", "alpha", "min_size_to_sample", "samples_per_insert", "error_buffer", "inserts", "samples", "priority_updates", "stale_priority_updates", "total_priority", "max_priority", "digest", "stored_bytes", "sampler", "remover", "max_times_sampled", "rate_limiter", "removed")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +125,11 @@ class TableInfo(_message.Message):
     MAX_PRIORITY_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
     STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLER_FIELD_NUMBER: _ClassVar[int]
+    REMOVER_FIELD_NUMBER: _ClassVar[int]
+    MAX_TIMES_SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMITER_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
     name: str
     capacity: int
     size: int
@@ -141,7 +146,12 @@ class TableInfo(_message.Message):
     max_priority: float
     digest: str
     stored_bytes: int
-    def __init__(self, name: _Optional[str] = ..., capacity: _Optional[int] = ..., size: _Optional[int] = ..., signature: _Optional[_Iterable[_Union[ColumnSpec, _Mapping]]] = ..., alpha: _Optional[float] = ..., min_size_to_sample: _Optional[int] = ..., samples_per_insert: _Optional[float] = ..., error_buffer: _Optional[float] = ..., inserts: _Optional[int] = ..., samples: _Optional[int] = ..., priority_updates: _Optional[int] = ..., stale_priority_updates: _Optional[int] = ..., total_priority: _Optional[float] = ..., max_priority: _Optional[float] = ..., digest: _Optional[str] = ..., stored_bytes: _Optional[int] = ...) -> None: ...
+    sampler: str
+    remover: str
+    max_times_sampled: int
+    rate_limiter: str
+    removed: int
+    def __init__(self, name: _Optional[str] = ..., capacity: _Optional[int] = ..., size: _Optional[int] = ..., signature: _Optional[_Iterable[_Union[ColumnSpec, _Mapping]]] = ..., alpha: _Optional[float] = ..., min_size_to_sample: _Optional[int] = ..., samples_per_insert: _Optional[float] = ..., error_buffer: _Optional[float] = ..., inserts: _Optional[int] = ..., samples: _Optional[int] = ..., priority_updates: _Optional[int] = ..., stale_priority_updates: _Optional[int] = ..., total_priority: _Optional[float] = ..., max_priority: _Optional[float] = ..., digest: _Optional[str] = ..., stored_bytes: _Optional[int] = ..., sampler: _Optional[str] = ..., remover: _Optional[str] = ..., max_times_sampled: _Optional[int] = ..., rate_limiter: _Optional[str] = ..., removed: _Optional[int] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
     __slots__ = ()

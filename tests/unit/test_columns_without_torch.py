@@ -9,7 +9,7 @@ import pytest
 from apexrl import algorithms
 from apexrl.config import AgentConfig
 
-CASES = [("dqn", "CartPole-v1"), ("dpg", "Pendulum-v1")]
+CASES = [("dqn", "CartPole-v1"), ("dpg", "Pendulum-v1"), ("ppo", "CartPole-v1")]
 
 
 @pytest.mark.parametrize("algorithm,env", CASES)
@@ -23,12 +23,14 @@ def test_local_mode_signature_imports_no_torch(algorithm, env):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("obs:float32:")
+    assert result.stdout.startswith(("obs:float32:", "observations:float32:33x4"))
 
 
 @pytest.mark.parametrize(
     "algorithm,env",
-    CASES + [("dpg", "MountainCarContinuous-v0"), ("dpg", "LunarLanderContinuous-v3")],
+    CASES
+    + [("dpg", "MountainCarContinuous-v0"), ("dpg", "LunarLanderContinuous-v3")]
+    + [("impala", "Acrobot-v1")],
 )
 def test_torch_free_columns_are_the_algorithms_own(algorithm, env):
     config = AgentConfig(algorithm=algorithm, env=env)
@@ -47,7 +49,12 @@ def test_lunar_lander_actions_are_two_float32_inside_their_bounds():
     [
         ("dqn", "Pendulum-v1", r"dqn needs a Discrete action space, Pendulum-v1"),
         ("dpg", "CartPole-v1", r"dpg needs a continuous \(Box\) action space, CartPole-v1"),
-        ("ppo", "CartPole-v1", r"algorithm: 'ppo', expected one of \['dpg', 'dqn'\]"),
+        ("ppo", "Pendulum-v1", r"impala and ppo act in Discrete action spaces; Pendulum-v1"),
+        (
+            "a2c",
+            "CartPole-v1",
+            r"algorithm: 'a2c', expected one of \['dpg', 'dqn', 'impala', 'ppo'\]",
+        ),
     ],
 )
 def test_torch_free_columns_refuse_what_the_algorithm_refuses(algorithm, env, message):

@@ -15,7 +15,7 @@ def check_spaces(spec: EnvSpec) -> None:
         )
 
 
-def columns(spec: EnvSpec) -> list[Column]:
+def columns(spec: EnvSpec, config=None) -> list[Column]:
     """n-step transitions whose actions are float32 of the env's action shape, inside its
     bounds."""
     check_spaces(spec)

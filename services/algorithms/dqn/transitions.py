@@ -15,7 +15,7 @@ def check_spaces(spec: EnvSpec) -> None:
         )
 
 
-def columns(spec: EnvSpec) -> list[Column]:
+def columns(spec: EnvSpec, config=None) -> list[Column]:
     """n-step transitions whose actions are int64 indices."""
     check_spaces(spec)
     return nstep_columns(spec, np.dtype(np.int64))

@@ -1,0 +1,63 @@
+"""Fixed-length unrolls from a gymnasium vector env, for impala and ppo.
+
+Every `length` steps each env's last `length` steps become one item (the columns
+`apexrl.algorithms.columns.unroll_columns` declares): observations [length + 1, *obs] (the
+observation each step acted on, then the one after the last step, for the bootstrap value),
+actions, rewards, discounts, the behaviour log-probabilities, and the version that acted.
+Envs step together, so all emit at once; the next unroll starts at the observation this one
+ended on, and runs on across episode ends (discount 0 there cuts every return).
+
+A truncated episode (time limit) is not a terminal state: the caller adds gamma * V(final obs)
+to that step's reward and gives it discount 0 (algorithms/impala/vtrace.py documents it).
+"""
+
+import numpy as np
+
+
+class UnrollAdder:
+    def __init__(self, num_envs: int, length: int, obs_shape, obs_dtype):
+        if num_envs < 1 or length < 1:
+            raise ValueError(f"num_envs and length must be >= 1, got {num_envs}, {length}")
+        self.length, self.t = length, 0
+        self.obs = np.zeros((length + 1, num_envs, *obs_shape), obs_dtype)
+        self.actions = np.zeros((length, num_envs), np.int64)
+        self.rewards = np.zeros((length, num_envs), np.float32)
+        self.discounts = np.zeros((length, num_envs), np.float32)
+        self.log_probs = np.zeros((length, num_envs), np.float32)
+
+    @property
+    def at_boundary(self) -> bool:
+        """No unroll in progress: the place to change the parameters the actor acts with."""
+        return self.t == 0
+
+    def add(self, obs, actions, log_probs, rewards, discounts, next_obs, version: int):
+        """One step of every env; returns the unrolls (a dict of batch-major columns, one row
+        per env) when they are complete, else None."""
+        t = self.t
+        self.obs[t], self.actions[t], self.log_probs[t] = obs, actions, log_probs
+        self.rewards[t], self.discounts[t] = rewards, discounts
+        self.t += 1
+        if self.t < self.length:
+            return None
+        self.obs[self.length] = next_obs
+        self.t = 0
+        return {
+            "observations": np.ascontiguousarray(self.obs.swapaxes(0, 1)),
+            "actions": self.actions.T.copy(),
+            "rewards": self.rewards.T.copy(),
+            "discounts": self.discounts.T.copy(),
+            "log_probs": self.log_probs.T.copy(),
+            "version": np.full(self.obs.shape[1], version, np.int64),
+        }
+
+
+def step_targets(rewards, ends, truncated, final_obs, values, gamma: float):
+    """(rewards, discounts) float32 [B] of one step for the unrolls: discount gamma, 0 where the
+    episode ended (`ends`: terminated, or a lost life) or was truncated; a truncated step's
+    reward gets gamma * values(its final observation) added (the bootstrap the unroll's
+    discount 0 cuts off). `values` is called only with the truncated envs' observations."""
+    rewards = np.asarray(rewards, np.float32).copy()
+    cut = np.asarray(truncated) & ~np.asarray(ends)
+    if cut.any():
+        rewards[cut] += np.float32(gamma) * np.asarray(values(final_obs[cut]), np.float32)
+    return rewards, np.where(ends | cut, 0.0, gamma).astype(np.float32)

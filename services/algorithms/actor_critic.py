@@ -1,0 +1,152 @@
+"""What impala and ppo share: an actor-critic network, its policy (actors sample it and record
+the log-probabilities; evaluation takes the most likely action) and the parts of their learning
+that do not differ (the forward pass over a batch of unrolls, parameters, checkpoints).
+
+Unrolls arrive batch-major from the replay ([B, T(+1), ...], actor/unroll.py) and are turned
+time-major ([T, B]) here, as the V-trace and GAE recursions read them.
+"""
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from apexrl.algorithms.base import (
+    Algorithm,
+    Column,
+    Learning,
+    Policy,
+    load_optimizer_state,
+    optimizer_state,
+    prefixed,
+)
+from apexrl.algorithms.columns import unroll_columns
+from apexrl.algorithms.networks import (
+    build_torso,
+    hidden_sizes,
+    load_numpy_state,
+    state_to_numpy,
+)
+
+
+class ActorCriticNetwork(nn.Module):
+    """Policy logits and state value from two torsos of the same shape (separate, as
+    Stable-Baselines3's MlpPolicy: the value loss does not pull on the policy's features)."""
+
+    def __init__(self, obs_shape, obs_dtype, num_actions: int, hidden):
+        super().__init__()
+        self.policy_torso = build_torso(obs_shape, obs_dtype, hidden)
+        self.value_torso = build_torso(obs_shape, obs_dtype, hidden)
+        self.logits = nn.Linear(self.policy_torso.out_dim, num_actions)
+        self.value = nn.Linear(self.value_torso.out_dim, 1)
+        self.num_actions = num_actions
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.logits(self.policy_torso(obs)), self.value(self.value_torso(obs)).squeeze(-1)
+
+
+class ActorCriticPolicy(Policy):
+    def __init__(self, net: ActorCriticNetwork):
+        self.net = net
+
+    def load(self, arrays: dict[str, np.ndarray]) -> None:
+        load_numpy_state(self.net, arrays)
+
+    def act(self, obs: np.ndarray, exploration: float, rng: np.random.Generator) -> np.ndarray:
+        """Evaluation (exploration 0): the most likely action; otherwise a sample."""
+        if exploration > 0:
+            return self.sample(obs, rng)[0]
+        with torch.no_grad():
+            return self.net(torch.from_numpy(obs))[0].argmax(1).numpy()
+
+    def sample(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Actions drawn from the policy (with the actor's numpy generator) and their
+        log-probabilities, float32 [B]."""
+        with torch.no_grad():
+            log_probs = torch.log_softmax(self.net(torch.from_numpy(obs))[0], 1).numpy()
+        cumulative = np.cumsum(np.exp(log_probs), axis=1)
+        draws = rng.random(len(obs)) * cumulative[:, -1]
+        actions = np.minimum((cumulative < draws[:, None]).sum(1), log_probs.shape[1] - 1)
+        return actions, log_probs[np.arange(len(obs)), actions].astype(np.float32)
+
+    def values(self, obs: np.ndarray) -> np.ndarray:
+        """V(obs) [B] (an actor bootstraps a truncated episode's last reward with it)."""
+        with torch.no_grad():
+            return self.net(torch.from_numpy(obs))[1].numpy()
+
+    def priorities(self, columns: dict[str, np.ndarray]) -> np.ndarray:
+        """Unrolls are consumed in order, not by priority: all 1."""
+        return np.ones(len(columns["actions"]), np.float32)
+
+
+class UnrollLearning(Learning):
+    """One network and its Adam; subclasses define update()."""
+
+    def __init__(self, build: Callable[[], ActorCriticNetwork], config, device: torch.device):
+        self.config = config
+        self.net = build().to(device)
+        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=config.learning_rate)
+
+    def forward(self, batch: dict[str, torch.Tensor]):
+        """logits [T, B, A], values [T, B] and the bootstrap values [B] of a batch of unrolls."""
+        obs = batch["observations"]
+        b, t1 = obs.shape[:2]
+        logits, values = self.net(obs.reshape(b * t1, *obs.shape[2:]))
+        logits = logits.reshape(b, t1, -1).transpose(0, 1)
+        values = values.reshape(b, t1).transpose(0, 1)
+        return logits[:-1], values[:-1], values[-1]
+
+    @staticmethod
+    def time_major(batch: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+        return batch[name].transpose(0, 1)
+
+    def step(self, loss: torch.Tensor) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.net.parameters(), self.config.max_grad_norm)
+        self.optimizer.step()
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        return state_to_numpy(self.net)
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict]:
+        arrays = {f"online/{k}": v for k, v in state_to_numpy(self.net).items()}
+        optimizer, groups = optimizer_state(self.optimizer, "optimizer")
+        return arrays | optimizer, {"param_groups": groups}
+
+    def load_state(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
+        load_numpy_state(self.net, prefixed(arrays, "online"))
+        load_optimizer_state(self.optimizer, arrays, "optimizer", meta["param_groups"])
+
+
+class UnrollAlgorithm(Algorithm):
+    """An on-policy algorithm: actors write unrolls to a queue table and sample their policy."""
+
+    exploration_name = "policy_sampling"
+    unrolls: ClassVar[bool] = True
+    learning_class: ClassVar[type[UnrollLearning]]
+
+    def __init__(self, config, spec):
+        super().__init__(config, spec)
+        self.columns()  # refuses continuous action spaces, naming the setting
+
+    def network(self) -> ActorCriticNetwork:
+        spec = self.spec
+        return ActorCriticNetwork(
+            spec.obs_shape, spec.obs_dtype, spec.num_actions, hidden_sizes(self.config.hidden)
+        )
+
+    def columns(self) -> list[Column]:
+        return unroll_columns(self.spec, self.config.unroll_length)
+
+    def exploration(self, index: int, count: int) -> float:
+        """No ladder: every actor samples its policy (1 = sample, 0 would be greedy)."""
+        return 1.0
+
+    def policy(self) -> ActorCriticPolicy:
+        return ActorCriticPolicy(self.network())
+
+    def learning(self, config, device: torch.device) -> UnrollLearning:
+        return self.learning_class(self.network, config, device)

@@ -1,0 +1,33 @@
+"""IMPALA (Espeholt et al. 2018): actors sample their policy into unrolls, the learner trains
+on them in the order they come, whatever version acted, with V-trace correcting the lag."""
+
+import torch
+
+from apexrl.algorithms.actor_critic import UnrollAlgorithm, UnrollLearning
+from apexrl.algorithms.impala.vtrace import impala_loss, vtrace
+
+
+class IMPALALearning(UnrollLearning):
+    def update(self, batch, weights, step):
+        logits, values, bootstrap = self.forward(batch)
+        actions = self.time_major(batch, "actions")
+        target_log_probs = torch.log_softmax(logits, -1).gather(-1, actions.unsqueeze(-1))
+        targets = vtrace(
+            self.time_major(batch, "log_probs"),
+            target_log_probs.squeeze(-1),
+            self.time_major(batch, "rewards"),
+            self.time_major(batch, "discounts"),
+            values.detach(),
+            bootstrap.detach(),
+        )
+        loss, figures = impala_loss(
+            logits, actions, values, targets, self.config.value_cost, self.config.entropy_cost
+        )
+        self.step(loss)
+        figures = {k: float(v) for k, v in figures.items()}
+        return torch.zeros(len(actions[0])), figures | {"q_mean": float(values.mean())}
+
+
+class IMPALA(UnrollAlgorithm):
+    name = "impala"
+    learning_class = IMPALALearning

@@ -1,0 +1,96 @@
+"""impala's and ppo's acting side: unrolls, step targets at episode ends, the policy's samples."""
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from apexrl import algorithms
+from apexrl.actor.unroll import UnrollAdder, step_targets
+from apexrl.algorithms.actor_critic import ActorCriticNetwork, ActorCriticPolicy
+from apexrl.config import LearnerConfig
+
+
+def test_unrolls_are_consecutive_steps_with_the_next_observation_last():
+    adder = UnrollAdder(num_envs=2, length=3, obs_shape=(1,), obs_dtype=np.float32)
+    items = []
+    for t in range(7):
+        obs = np.array([[10.0 * t], [10.0 * t + 1]], np.float32)
+        item = adder.add(obs, np.array([t, t + 1]), np.full(2, -0.5), np.full(2, float(t)),
+                         np.full(2, 0.9), obs + 10, version=100 + t)  # fmt: skip
+        assert adder.at_boundary == (item is not None)
+        if item is not None:
+            items.append(item)
+    assert len(items) == 2  # steps 0-2 and 3-5; step 6 is pending
+    first, second = items
+    np.testing.assert_array_equal(
+        first["observations"][:, :, 0], [[0, 10, 20, 30], [1, 11, 21, 31]]
+    )
+    np.testing.assert_array_equal(second["observations"][0, :, 0], [30, 40, 50, 60])
+    np.testing.assert_array_equal(first["actions"], [[0, 1, 2], [1, 2, 3]])
+    np.testing.assert_array_equal(second["rewards"][1], [3, 4, 5])
+    np.testing.assert_array_equal(first["version"], [102, 102])  # the version of its last step
+    assert first["observations"].shape == (2, 4, 1) and first["discounts"].dtype == np.float32
+
+
+def test_step_targets_cut_at_ends_and_bootstrap_truncations():
+    rewards = np.array([1.0, 1.0, 1.0, 1.0])
+    ends = np.array([False, True, False, True])
+    truncated = np.array([False, False, True, True])  # the last: terminal wins
+    finals = np.arange(4, dtype=np.float32)[:, None]
+    asked = []
+
+    def values(obs):
+        asked.append(obs.copy())
+        return obs[:, 0] * 10
+
+    out, discounts = step_targets(rewards, ends, truncated, finals, values, 0.5)
+    np.testing.assert_allclose(out, [1, 1, 1 + 0.5 * 20, 1])
+    np.testing.assert_allclose(discounts, [0.5, 0, 0, 0])
+    assert len(asked) == 1 and asked[0].tolist() == [[2.0]]
+
+
+def test_policy_samples_follow_its_probabilities_and_report_their_log_probs():
+    torch.manual_seed(0)
+    net = ActorCriticNetwork((3,), np.float32, 4, (8,))
+    policy = ActorCriticPolicy(net)
+    obs = np.tile(np.array([[0.3, -1.0, 2.0]], np.float32), (20_000, 1))
+    actions, log_probs = policy.sample(obs, np.random.default_rng(1))
+    with torch.no_grad():
+        expected = torch.softmax(net(torch.from_numpy(obs[:1]))[0], 1)[0].numpy()
+    counts = np.bincount(actions, minlength=4)
+    expected = expected.astype(np.float64)
+    expected /= expected.sum()
+    assert stats.chisquare(counts, expected * len(obs)).pvalue > 0.001
+    np.testing.assert_allclose(log_probs, np.log(expected)[actions], rtol=1e-5)
+    greedy = policy.act(obs[:2], 0.0, np.random.default_rng(0))
+    assert (greedy == expected.argmax()).all()
+
+
+@pytest.mark.parametrize("name", ["impala", "ppo"])
+def test_on_policy_algorithms_learn_from_a_batch_of_unrolls(name):
+    config = LearnerConfig(algorithm=name, unroll_length=5, hidden="16", epochs=2, minibatches=2)
+    algorithm = algorithms.make(config)
+    assert algorithm.unrolls and algorithm.current_version_only == (name == "ppo")
+    columns = {c.name: c for c in algorithm.columns()}
+    assert columns["observations"].shape == (6, 4) and columns["version"].shape == ()
+    learning = algorithm.learning(config, torch.device("cpu"))
+    rng = np.random.default_rng(0)
+    batch = {
+        "observations": torch.from_numpy(rng.standard_normal((3, 6, 4)).astype(np.float32)),
+        "actions": torch.from_numpy(rng.integers(0, 2, (3, 5))),
+        "rewards": torch.ones(3, 5),
+        "discounts": torch.full((3, 5), 0.99),
+        "log_probs": torch.full((3, 5), float(np.log(0.5))),
+        "version": torch.ones(3, dtype=torch.int64),
+    }
+    before = {k: v.copy() for k, v in learning.parameters().items()}
+    priorities, figures = learning.update(batch, torch.ones(3), 1)
+    assert priorities.shape == (3,) and np.isfinite(figures["loss"])
+    after = learning.parameters()
+    assert any(not np.array_equal(before[k], after[k]) for k in before)
+
+
+def test_on_policy_algorithms_refuse_continuous_actions():
+    with pytest.raises(ValueError, match="algorithm: impala and ppo act in Discrete"):
+        algorithms.make(LearnerConfig(algorithm="ppo", env="Pendulum-v1"))
