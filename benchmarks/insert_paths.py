@@ -20,7 +20,11 @@ priorities (priorities/s, keys of live items, float32 priorities):
   Learner._write_priorities runs it: coalesced and pipelined) writing 512-key updates that a
   producer keeps queued, as a learner faster than the replay would;
 - unary_ceiling_calls: a trivial unary call (health Check) on the same replay, one at a time:
-  the ceiling of any one-call-at-a-time path (x512: unary_ceiling_512, in priorities/s).
+  the ceiling of any one-call-at-a-time path on the replay (x512: unary_ceiling_512, in
+  priorities/s);
+- raw_ceiling_calls: the RAW ceiling, not a replay figure: a bare grpc.aio server (no
+  interceptors, no (de)serializers; replay_throughput.py --serve-echo) echoing 64 bytes to a
+  plain channel, one call at a time (x512: raw_ceiling_512). What Python gRPC itself allows.
 The last line is one JSON object.
 """
 
@@ -33,12 +37,15 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
+import grpc
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 from atari import start_replay  # noqa: E402  (benchmarks/ is not a package)
+from replay_throughput import ECHO_SERVICE, echo_server  # noqa: E402
 
 from apexrl.replay.client import STREAM_SECONDS, ReplayClient, insert_request  # noqa: E402
 
@@ -187,6 +194,14 @@ def unary_ceiling(client: ReplayClient, seconds: float) -> float:
     return rate(lambda: stub.Check(request, timeout=client.timeout), 1, seconds)
 
 
+def raw_ceiling(address: str, seconds: float) -> float:
+    """Calls/s of a 64-byte echo on the bare echo server through a plain channel."""
+    with grpc.insecure_channel(address) as channel:
+        echo, payload = channel.unary_unary(f"/{ECHO_SERVICE}/Echo"), bytes(64)
+        echo(payload, timeout=30)  # connected before the clock starts
+        return rate(lambda: echo(payload, timeout=30), 1, seconds)
+
+
 def learner_priorities(
     client: ReplayClient, updates: list[tuple], seconds: float, senders: int
 ) -> tuple[float, bool]:
@@ -227,14 +242,19 @@ def learner_priorities(
     return sent[0] / elapsed, landed == sent[0]
 
 
-def priority_paths(client: ReplayClient, seconds: float, senders: int) -> dict[str, float]:
+def priority_paths(
+    client: ReplayClient, echo_address: str, seconds: float, senders: int
+) -> dict[str, float]:
     updates = live_updates(client, 256)
+    raw = raw_ceiling(echo_address, seconds)
     calls = unary_ceiling(client, seconds)
     one_at_a_time = update_priorities_512(client, updates, seconds)
     learner, all_landed = learner_priorities(client, updates, seconds, senders)
     if not all_landed:
         raise RuntimeError("the replay counted fewer priority updates than the learner sent")
     return {
+        "raw_ceiling_calls": raw,
+        "raw_ceiling_512": raw * 512,
         "unary_ceiling_calls": calls,
         "unary_ceiling_512": calls * 512,
         "update_priorities_512": one_at_a_time,
@@ -256,10 +276,14 @@ def main() -> None:
     if not set(paths) <= set(PATHS):
         parser.error(f"--paths: {args.paths!r} is not a list of {PATHS}")
 
-    process, address = start_replay("CartPole-v1", CAPACITY, Path(tempfile.mkdtemp()))
+    workdir = Path(tempfile.mkdtemp())
+    process, address = start_replay("CartPole-v1", CAPACITY, workdir)
     runs: dict[str, list[float]] = {}
     try:
-        with ReplayClient(address) as client:
+        with ExitStack() as stack:
+            client = stack.enter_context(ReplayClient(address))
+            if "priorities" in paths:
+                echo_address = stack.enter_context(echo_server(workdir)).address
             for _ in range(args.repeats):
                 figures: dict[str, float] = {}
                 if "inserts" in paths:
@@ -269,7 +293,7 @@ def main() -> None:
                         address, WRITERS, args.seconds
                     )
                 if "priorities" in paths:
-                    figures |= priority_paths(client, args.seconds, args.senders)
+                    figures |= priority_paths(client, echo_address, args.seconds, args.senders)
                 for name, value in figures.items():
                     runs.setdefault(name, []).append(value)
     finally:
@@ -282,9 +306,10 @@ def main() -> None:
                 figures[f"shipping_{n}"] / figures[f"stream_per_call_{n}"], 2
             )
     if "priorities" in paths:
-        figures["update_over_unary_ceiling"] = round(
-            figures["update_priorities_512"] / figures["unary_ceiling_512"], 2
-        )
+        for ceiling in ("unary_ceiling", "raw_ceiling"):
+            figures[f"update_over_{ceiling}"] = round(
+                figures["update_priorities_512"] / figures[f"{ceiling}_512"], 2
+            )
     print(json.dumps({"runs": {k: [round(x) for x in v] for k, v in runs.items()}}))
     print(json.dumps(figures))
 

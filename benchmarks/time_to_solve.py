@@ -151,6 +151,11 @@ def run_apexrl(task: dict, seed: int, budget: float, workdir: Path) -> dict:
     # Where the first row already has some, stepping began at an unknown time: count from launch.
     stepping = next((i for i, r in enumerate(rows) if float(r["env_steps"]) > 0), None)
     startup = float(rows[stepping - 1]["seconds"]) if stepping else None
+    # Local mode records the first env step itself (startup_seconds, from the actors' gauge).
+    recorded = [float(r["startup_seconds"]) for r in rows if r.get("startup_seconds") not in
+                (None, "", "nan")]  # fmt: skip
+    if recorded:
+        startup = recorded[0]
     zero = startup if task.get("from_first_step") and startup is not None else 0.0
     first_10 = next(
         (

@@ -77,7 +77,11 @@ class AgentConfig:
         " learns by it",
     )
     env: str = option("CartPole-v1", "gymnasium environment id")
-    hidden: str = option("128,128", "hidden layer sizes of the MLP torso (vector observations)")
+    hidden: str = option(
+        "",
+        "hidden layer sizes of the MLP torsos (vector observations), e.g. '128,128'; empty: the"
+        " algorithm's default (dqn, dpg: 128,128; impala, ppo: 64,64)",
+    )
     gamma: float = option(0.99, "discount factor")
     n_step: int = option(3, "n of the n-step returns the actors build")
     unroll_length: int = option(32, "impala, ppo: env steps in each unroll an actor writes")

@@ -191,12 +191,15 @@ class Run:
                 time.sleep(0.05)
             child.ports = json.loads(child.ready_file.read_text())
 
+    launched = 0.0  # unix time start_all began
+
     def start_all(self) -> None:
         """Starts every service at once (imports dominate start-up), then waits until all serve.
 
         The gRPC ports are picked here, not by the children (port 0), so that no child has to
         wait for another's ready file before it can be told where its peers are.
         """
+        self.launched = time.time()
         shards = self.config.replay_shards
         if shards < 1:
             raise ValueError(f"replay_shards: must be >= 1, got {shards}")
@@ -286,7 +289,7 @@ def plot(rows: list[dict], path: Path, target: float) -> None:
     plt.close(fig)
 
 
-FIELDS = ["seconds", "env_steps", "env_steps_per_s", "updates", "updates_per_s", "replay_size",
+FIELDS = ["seconds", "startup_seconds", "env_steps", "env_steps_per_s", "updates", "updates_per_s", "replay_size",
           "replay_bytes_per_item",
           "eval_mean_return", "eval_rounds", "eval_best_mean_return", "eval_best_version",
           "parameter_version", "loss", "prefetch_wait_fraction",
@@ -388,14 +391,20 @@ def _score(value: float) -> float:
 
 def _collect(run: Run, seconds: float, previous: dict | None) -> dict:
     totals: dict[str, float] = {}
+    first_steps = []  # each actor's first env step (unix time)
     for child in run.children:
         try:
             for name, value in child.metrics().items():
                 totals[name] = totals.get(name, 0.0) + value
+                if name == "apexrl_actor_first_step_timestamp_seconds" and value > 0:
+                    first_steps.append(value)
         except OSError:  # a child busy or restarting: its numbers come next time
             pass
     row = {
         "seconds": round(seconds, 3),
+        # From launch to the first env step of any actor (start-up: imports, servers, the
+        # first parameters); NaN until an actor has stepped.
+        "startup_seconds": round(min(first_steps) - run.launched, 3) if first_steps else math.nan,
         "env_steps": totals.get("apexrl_actor_env_steps_total", 0.0),
         "updates": totals.get("apexrl_learner_update_step", 0.0),
         "replay_size": totals.get("apexrl_replay_size", 0.0),

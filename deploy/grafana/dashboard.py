@@ -411,6 +411,22 @@ def build() -> dashboard_models.Dashboard:
     )
     builder.with_panel(
         graph(
+            "Policy lag and queue depth (impala, ppo)",
+            "On-policy learning: the learner's version minus the mean version that acted its last "
+            "batch (impala tolerates it through V-trace; ppo trains only on lag 0 and drops older "
+            "unrolls, counted per second), and the items each table holds (a queue's depth).",
+            [
+                query("max(apexrl_learner_policy_lag)", "policy lag (versions)"),
+                query(
+                    "sum(rate(apexrl_learner_stale_unrolls_dropped_total[1m]))",
+                    "stale unrolls dropped/s",
+                ),
+                query("sum by (table) (apexrl_replay_size)", "{{table}} items"),
+            ],
+        )  # fmt: skip
+    )
+    builder.with_panel(
+        graph(
             "Process restarts in the last hour",
             "How often each pod's service process started anew (process_start_time_seconds "
             "changed): crashes, OOM kills, liveness failures.",

@@ -63,6 +63,9 @@ class ActorMetrics:
 
         C, G, H = prometheus_client.Counter, prometheus_client.Gauge, prometheus_client.Histogram
         self.env_steps = metric(C, "env_steps", "Environment steps taken.")
+        self.first_step = metric(
+            G, "first_step_timestamp_seconds", "Unix time of the actor's first env step (0: none)."
+        )
         self.episodes = metric(C, "episodes", "Episodes finished.")
         self.episode_return = metric(
             H, "episode_return", "Undiscounted episode return.", buckets=RETURN_BUCKETS
@@ -345,6 +348,8 @@ def run(
                 metrics.episode_length.observe(lengths[i])
             metrics.episodes.inc(int(done.sum()))
             returns[done], lengths[done] = 0.0, 0
+            if not metrics.env_steps._value.get():
+                metrics.first_step.set(time.time())
             metrics.env_steps.inc(config.num_envs)
 
             if columns is not None:

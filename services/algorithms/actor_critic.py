@@ -135,7 +135,10 @@ class UnrollAlgorithm(Algorithm):
     def network(self) -> ActorCriticNetwork:
         spec = self.spec
         return ActorCriticNetwork(
-            spec.obs_shape, spec.obs_dtype, spec.num_actions, hidden_sizes(self.config.hidden)
+            spec.obs_shape,
+            spec.obs_dtype,
+            spec.num_actions,
+            hidden_sizes(self.config.hidden, "64,64"),
         )
 
     def columns(self) -> list[Column]:

@@ -75,9 +75,9 @@ def build_torso(
     )
 
 
-def hidden_sizes(text: str) -> tuple[int, ...]:
-    """'128,128' -> (128, 128): the `hidden` setting."""
-    return tuple(int(h) for h in text.split(",") if h.strip())
+def hidden_sizes(text: str, default: str = "128,128") -> tuple[int, ...]:
+    """'128,128' -> (128, 128): the `hidden` setting (empty: the algorithm's `default`)."""
+    return tuple(int(h) for h in (text.strip() or default).split(",") if h.strip())
 
 
 def state_to_numpy(module: nn.Module) -> "OrderedDict[str, np.ndarray]":

@@ -110,6 +110,27 @@ class Learner:
                 f"replay columns {got} are not algorithm {self.algorithm.name}'s {want}"
             )
 
+    def check_table(self, info) -> None:
+        """The table must suit the algorithm: a queue of unrolls (sampler fifo,
+        max_times_sampled 1) for impala and ppo, a replay table (items stay until evicted) for
+        dqn and dpg. A mismatch is a configuration error naming the table."""
+        name, kind = (
+            self.algorithm.name,
+            f"sampler {info.sampler}, max_times_sampled {info.max_times_sampled}",
+        )
+        queue_of_unrolls = info.sampler == "fifo" and info.max_times_sampled == 1
+        if self.algorithm.unrolls and not queue_of_unrolls:
+            raise ValueError(
+                f"replay table {info.name!r} ({kind}): algorithm {name} learns each unroll once,"
+                " in order: it needs sampler fifo, max_times_sampled 1 (remover none,"
+                " rate_limiter queue)"
+            )
+        if not self.algorithm.unrolls and (info.max_times_sampled or info.remover == "none"):
+            raise ValueError(
+                f"replay table {info.name!r} ({kind}, remover {info.remover}) is a queue:"
+                f" algorithm {name} samples a replay table (max_times_sampled 0, remover fifo)"
+            )
+
     def decode(self, batch) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """A sampled batch's transition fields (frames decompressed), weights and keys; items
         whose frames do not decode are dropped, counted and logged (the first time)."""
@@ -138,6 +159,7 @@ class Learner:
 
     def train(self, replay: ReplayClient) -> None:
         """Runs until `stop` is set (or max_updates). Call from its own thread."""
+        self.check_table(replay.info())
         batches: queue.Queue = queue.Queue(maxsize=self.config.prefetch)
         priorities: queue.Queue = queue.Queue()
         threads = [

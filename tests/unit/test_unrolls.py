@@ -94,3 +94,28 @@ def test_on_policy_algorithms_learn_from_a_batch_of_unrolls(name):
 def test_on_policy_algorithms_refuse_continuous_actions():
     with pytest.raises(ValueError, match="algorithm: impala and ppo act in Discrete"):
         algorithms.make(LearnerConfig(algorithm="ppo", env="Pendulum-v1"))
+
+
+@pytest.mark.parametrize(
+    "algorithm,table,message",
+    [
+        ("dqn", dict(sampler="fifo", remover="none", max_times_sampled=1), "is a queue: algorithm dqn"),
+        ("ppo", dict(sampler="prioritized", remover="fifo", max_times_sampled=0),
+         "algorithm ppo learns each unroll once"),
+        ("impala", dict(sampler="uniform", remover="fifo", max_times_sampled=1), "needs sampler fifo"),
+    ],
+)  # fmt: skip
+def test_a_learner_refuses_a_table_of_the_wrong_kind_naming_it(algorithm, table, message):
+    from types import SimpleNamespace
+
+    from apexrl.learner.training import Learner
+    from apexrl.v1 import replay_pb2
+
+    learner = SimpleNamespace(algorithm=algorithms.get(algorithm))
+    info = replay_pb2.TableInfo(name="unrolls", **table)
+    with pytest.raises(ValueError, match=f"replay table 'unrolls' .*{message}"):
+        Learner.check_table(learner, info)
+    fits = dict(sampler="fifo", remover="none", max_times_sampled=1)
+    if algorithm == "dqn":
+        fits = dict(sampler="prioritized", remover="fifo", max_times_sampled=0)
+    Learner.check_table(learner, replay_pb2.TableInfo(name="unrolls", **fits))  # no error
