@@ -134,6 +134,7 @@ def stop_process(process: subprocess.Popen, timeout: float = 30.0) -> int:
 def server_process(name: str, command: list[str], workdir: Path) -> Iterator[ServerProcess]:
     """Runs `command --ready-file F` as a child until the block ends; address from F."""
     ready, log_path = workdir / f"{name}.ready.json", workdir / f"{name}.log"
+    ready.unlink(missing_ok=True)  # a server of the same name may have run here before
     with open(log_path, "w") as log:
         process = subprocess.Popen(
             [*command, "--ready-file", str(ready)], stdout=log, stderr=subprocess.STDOUT
