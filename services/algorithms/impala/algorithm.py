@@ -25,7 +25,7 @@ class IMPALALearning(UnrollLearning):
         )
         self.step(loss)
         figures = {k: float(v) for k, v in figures.items()}
-        return torch.zeros(len(actions[0])), figures | {"q_mean": float(values.mean())}
+        return torch.zeros(len(actions[0])), figures | {"q_mean": float(values.detach().mean())}
 
 
 class IMPALA(UnrollAlgorithm):
