@@ -209,21 +209,9 @@ class ReplayConfig(ServeConfig):
         """The server's tables: the [[replay.tables]] entries, else one from the flat settings."""
         if self.tables:
             return replay_table_configs(self.tables)
-        return [
-            ReplayTableConfig(
-                name=self.table,
-                capacity=self.capacity,
-                sampler=self.sampler,
-                remover=self.remover,
-                max_times_sampled=self.max_times_sampled,
-                rate_limiter=self.rate_limiter,
-                alpha=self.alpha,
-                min_size_to_sample=self.min_size_to_sample,
-                samples_per_insert=self.samples_per_insert,
-                error_buffer=self.error_buffer,
-                signature=self.signature,
-            )
-        ]
+        # Every table setting but the name has a flat setting of the same name.
+        names = [f.name for f in dataclasses.fields(ReplayTableConfig) if f.name != "name"]
+        return [ReplayTableConfig(name=self.table, **{n: getattr(self, n) for n in names})]
 
 
 @dataclass

@@ -138,8 +138,9 @@ class ShardedReplayClient:
         addresses = self._addresses()
         live = {s.address for s in self._all() if s.alive}
         asked = [a for a in addresses if a not in live]
+        position_of = {a: i for i, a in enumerate(addresses)}
         for position, info, address in zip(
-            [addresses.index(a) for a in asked],
+            [position_of[a] for a in asked],
             self._map(lambda a: self._info(self._client(a)), asked),
             asked,
             strict=True,
