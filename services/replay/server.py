@@ -310,7 +310,10 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
         table = self._table(request.table)
         wire_keys = tensors.from_proto(request.keys, "keys")
         priorities = tensors.from_proto(request.priorities, "priorities")
-        updated, stale = table.update_priorities(self._sequences(wire_keys), priorities)
+        updated, stale = table.stage_priorities(self._sequences(wire_keys), priorities)
+        # The tree work runs once this answer is on its way, beside the caller's next call;
+        # whatever reads the table before then applies the staged updates first.
+        asyncio.get_running_loop().call_soon(table.apply_priorities)
         return replay_pb2.UpdatePrioritiesResponse(updated=updated, stale=stale)
 
     def _sequences(self, wire_keys: np.ndarray) -> np.ndarray:
@@ -335,6 +338,8 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
         return np.where(plausible, wire_keys & keys.SEQUENCE_MASK, wire_keys)
 
     async def Info(self, request, context):
+        for table in self.tables.values():
+            table.apply_priorities()  # Info's totals include every acknowledged update
         tables = [table_info(t, request.include_digest) for t in self.tables.values()]
         return replay_pb2.InfoResponse(tables=tables, shard=self.shard)
 

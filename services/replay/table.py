@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import numbers
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -325,6 +326,10 @@ class Table:
         self.priority_updates = 0
         self.stale_priority_updates = 0
         self.max_priority = 1.0
+        # Priority updates checked and counted but not yet written (stage_priorities); the
+        # lock lets another thread (an in-process test reading the table) apply them safely.
+        self._staged: list[tuple[np.ndarray, np.ndarray]] = []
+        self._applying = threading.Lock()
 
         self._signature: tuple[ColumnSpec, ...] | None = None
         self._columns: dict[str, np.ndarray | FrameStore] = {}
@@ -568,6 +573,7 @@ class Table:
         key. FailedPrecondition if remover "none" and the slots are not free (the server waits
         for can_insert first)."""
         n = self.validate_insert(columns, priorities)
+        self.apply_priorities()
         if not self.has_room(n):
             raise FailedPrecondition(
                 "table", f"table {self.name!r} is full (remover 'none'): no room for {n} items"
@@ -641,6 +647,7 @@ class Table:
         items sampled max_times_sampled times.
         """
         self.validate_sample(batch_size, beta)
+        self.apply_priorities()
         size = self.size
         if size == 0:
             raise FailedPrecondition("table", f"table {self.name!r} is empty")
@@ -736,6 +743,17 @@ class Table:
 
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> tuple[int, int]:
         """Sets priorities of live keys; returns (updated, stale). Last duplicate wins."""
+        counts = self.stage_priorities(keys, priorities)
+        self.apply_priorities()
+        return counts
+
+    def stage_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> tuple[int, int]:
+        """update_priorities' checks and counts, with the writes left for apply_priorities.
+
+        The server answers after this and writes after its answer, so the sum-tree work
+        overlaps the caller's next call. Every method here that reads or replaces priorities,
+        keys or the tree applies the staged updates first, so no one sees them missing.
+        """
         p = self._validate_update(keys, priorities)
         # Keys >= inserts were never written, so they are stale; clipping to inserts
         # keeps them stale and brings huge uint64 keys into int64 range.
@@ -746,6 +764,21 @@ class Table:
         if updated:
             if updated < len(k):
                 slots, p = slots[live], p[live]
+            with self._applying:
+                self._staged.append((slots, p))
+        self.priority_updates += updated
+        self.stale_priority_updates += len(k) - updated
+        return updated, len(k) - updated
+
+    def apply_priorities(self) -> None:
+        """Writes the staged priority updates, in the order they came (the last one for a slot
+        wins). No insert or removal comes between staging and this: those apply first."""
+        with self._applying:  # a thread finds the writes of another one complete
+            staged, self._staged = self._staged, []
+            if not staged:
+                return
+            slots = np.concatenate([s for s, _ in staged]) if len(staged) > 1 else staged[0][0]
+            p = np.concatenate([p for _, p in staged]) if len(staged) > 1 else staged[0][1]
             unique_slots, last = last_occurrence(slots)
             new = p[last]
             if self._snapshot is not None:
@@ -753,9 +786,6 @@ class Table:
             self.priorities[unique_slots] = new
             self.tree.set(unique_slots, new**self.alpha, distinct=True)
             self.max_priority = max(self.max_priority, float(new.max()))
-        self.priority_updates += updated
-        self.stale_priority_updates += len(k) - updated
-        return updated, len(k) - updated
 
     # --- rate limiter ------------------------------------------------------------------
 
@@ -789,6 +819,7 @@ class Table:
 
     def digest(self) -> str:
         """sha256 of the whole state: equal digests mean byte-for-byte equal tables."""
+        self.apply_priorities()
         h = hashlib.sha256()
         meta = self._config_json() | {
             "inserts": self.inserts,
@@ -821,6 +852,7 @@ class Table:
     def begin_snapshot(self) -> Snapshot:
         """A copy of the state as of now, taken a chunk at a time (`Snapshot.copy_next`) while
         the table goes on changing: the server's checkpoints yield between chunks."""
+        self.apply_priorities()
         if self._snapshot is not None:  # one snapshot at a time: the older one completes first
             self._snapshot.finish()
         self._snapshot = Snapshot(self)
@@ -855,6 +887,7 @@ class Table:
         must match.
         """
         self._check_state(state)
+        self._staged = []  # updates of the contents being replaced
         if self._snapshot is not None:  # one in progress keeps the contents it began with
             self._snapshot.finish()
         size, old_size = state.used, self.used

@@ -263,6 +263,7 @@ class State:
 
 
 def read_state(table) -> State:
+    table.apply_priorities()  # what the server left for after its answer
     return State(
         {name: getattr(table, name) for name in COUNTERS},
         table.slot_keys.copy(),

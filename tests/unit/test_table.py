@@ -153,6 +153,38 @@ def test_duplicate_keys_last_wins():
     assert table.total_priority == 1 + 7 + 6 + 4
 
 
+def test_staged_updates_count_at_once_and_land_before_anything_reads():
+    """stage_priorities (the server's half of update_priorities) checks and counts now and
+    writes later; whatever reads or changes the table first sees every staged update, in
+    order, as if update_priorities had run."""
+    staged, direct = filled(capacity=4, alpha=1.0), filled(capacity=4, alpha=1.0)
+    calls = [([1, 2], [5.0, 6.0]), ([1, 9], [7.0, 1.0]), ([3], [0.5])]
+    for keys, priorities in calls:
+        counts = staged.stage_priorities(np.array(keys), np.array(priorities))
+        assert counts == direct.update_priorities(np.array(keys), np.array(priorities))
+    assert (staged.priority_updates, staged.stale_priority_updates) == (4, 1)
+    assert staged.priorities[1] == 2.0  # not written yet
+    assert staged.digest() == direct.digest()  # the digest applies them: the last one wins
+
+    # An insert applies them before it overwrites: key 0's new priority goes with it, not
+    # onto the item that takes its slot; the new item gets the max priority including them.
+    staged, direct = filled(capacity=4), filled(capacity=4)
+    staged.stage_priorities(np.array([0, 1]), np.array([9.0, 3.0]))
+    direct.update_priorities(np.array([0, 1]), np.array([9.0, 3.0]))
+    staged.insert(batch(1, 4))
+    direct.insert(batch(1, 4))
+    assert staged.priorities[0] == 9.0 and staged.max_priority == 9.0
+    assert staged.digest() == direct.digest()
+
+    # A sample applies them first: every sample lands on the one item left with priority.
+    table = filled(capacity=4)
+    table.stage_priorities(np.arange(4), np.array([0.0, 0.0, 2.0, 0.0]))
+    assert {k for _ in range(16) for k in table.sample(4, beta=0.4).keys} == {2}
+    # A snapshot includes them.
+    table.stage_priorities(np.array([3]), np.array([8.0]))
+    assert table.snapshot().priorities[3] == 8.0
+
+
 # --- bad input: right error, right field, nothing changed ---------------------------------
 
 
