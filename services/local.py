@@ -62,13 +62,14 @@ ATARI_DEFAULTS = {
 # algorithms: the replay is a queue of unrolls (each sampled once, oldest first; actors wait
 # while it is full). 2 actors x 4 envs x 32 steps = 8 unrolls = 256 steps per batch: the
 # rl-baselines3-zoo's CartPole PPO (8 envs x 32 steps, 20 epochs of one minibatch, GAE lambda
-# 0.8, Adam 1e-3, no entropy bonus; its gamma 0.98 and linear decays are not copied).
+# 0.8, Adam 1e-3, no entropy bonus, gradient norm clipped at 0.5 (SB3's default); its gamma
+# 0.98 and linear decays are not copied).
 QUEUE = {"sampler": "fifo", "remover": "none", "max_times_sampled": 1, "rate_limiter": "queue"}
 ON_POLICY_DEFAULTS = {
     "ppo": {
         "replay": {**QUEUE, "capacity": 64},
         "learner": {"batch_size": 8, "learning_rate": 1e-3, "epochs": 20, "minibatches": 1,
-                    "gae_lambda": 0.8, "entropy_cost": 0.0},
+                    "gae_lambda": 0.8, "entropy_cost": 0.0, "max_grad_norm": 0.5},
         "actor": {"num_envs": 4},
     },
     "impala": {

@@ -184,18 +184,24 @@ class ParameterPuller:
         self.learner, self.actor_id, self.metrics = learner, actor_id, metrics
         self.version, self.lineage = 0, 0
         self._wanted = threading.Event()
+        self._wait_seconds = 0.0  # > 0: the next pull is a long poll for a newer version
+        self.arrived = threading.Event()  # set while fresh parameters wait to be taken
         self._lock = threading.Lock()
         self._fresh: Parameters | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pull", daemon=True)
         self._thread.start()
 
-    def request(self) -> None:
+    def request(self, wait_seconds: float = 0.0) -> None:
+        """Asks for a pull; wait_seconds > 0 makes it a long poll (the learner answers when it
+        publishes a version newer than the one held, or after that long)."""
+        self._wait_seconds = wait_seconds
         self._wanted.set()
 
     def take(self) -> Parameters | None:
         with self._lock:
             fresh, self._fresh = self._fresh, None
+            self.arrived.clear()
             return fresh
 
     def _run(self) -> None:
@@ -204,7 +210,9 @@ class ParameterPuller:
             if not self._wanted.wait(0.5):
                 continue
             try:
-                params = self.learner.get_parameters(self.version, self.actor_id, self.lineage)
+                params = self.learner.get_parameters(
+                    self.version, self.actor_id, self.lineage, self._wait_seconds
+                )
             except Exception as err:  # learner away: act on the weights held, retry
                 if self._stop.is_set():
                     return
@@ -220,6 +228,7 @@ class ParameterPuller:
                 self.version, self.lineage = params.version, params.lineage
             with self._lock:
                 self._fresh = params
+                self.arrived.set()
 
     def close(self) -> None:
         self._stop.set()
@@ -306,9 +315,10 @@ def run(
                 # ppo: this version has had its unroll; wait for the next, for a while (should
                 # the learner lack unrolls of this version, e.g. an actor died, act again).
                 waiting = waiting or time.monotonic()
-                if time.monotonic() - waiting < VERSION_WAIT_SECONDS:
-                    puller.request()
-                    stop.wait(0.005)
+                left = VERSION_WAIT_SECONDS - (time.monotonic() - waiting)
+                if left > 0:
+                    puller.request(wait_seconds=left)  # answered when the learner publishes
+                    puller.arrived.wait(min(left, 0.05))  # 0.05: stays responsive to stop
                     continue
             waiting = 0.0
 
@@ -334,7 +344,8 @@ def run(
                 columns = adder.add(obs, actions, log_probs, learned, discounts, next_obs, version)
                 if columns is not None:
                     acted = version
-                    puller.request()  # fresh parameters for the next unroll
+                    # Fresh parameters for the next unroll; ppo's must be newer than these.
+                    puller.request(VERSION_WAIT_SECONDS if algorithm.current_version_only else 0)
             else:
                 columns = adder.add(
                     obs, actions, learned, ends, truncated, final_observations(next_obs, infos)

@@ -19,14 +19,15 @@ from torch import nn
 
 
 class MLPTorso(nn.Module):
-    """Linear + ReLU layers on 1-D observations, cast to float32 (envs may give float64)."""
+    """Linear layers and an activation (ReLU unless told) on 1-D observations, cast to float32
+    (envs may give float64)."""
 
-    def __init__(self, obs_dim: int, hidden: Sequence[int]):
+    def __init__(self, obs_dim: int, hidden: Sequence[int], activation: type[nn.Module] = nn.ReLU):
         super().__init__()
         layers: list[nn.Module] = []
         width = obs_dim
         for size in hidden:
-            layers += [nn.Linear(width, size), nn.ReLU()]
+            layers += [nn.Linear(width, size), activation()]
             width = size
         self.layers = nn.Sequential(*layers)
         self.out_dim = width
@@ -61,13 +62,17 @@ class NatureConvTorso(nn.Module):
 
 
 def build_torso(
-    obs_shape: Sequence[int], obs_dtype: npt.DTypeLike, hidden: Sequence[int]
+    obs_shape: Sequence[int],
+    obs_dtype: npt.DTypeLike,
+    hidden: Sequence[int],
+    activation: type[nn.Module] = nn.ReLU,
 ) -> nn.Module:
-    """MLP torso for 1-D float obs, Nature conv torso for uint8 [C, H, W] obs (`.out_dim`)."""
+    """MLP torso (with `activation`) for 1-D float obs, Nature conv torso for uint8 [C, H, W]
+    obs (`.out_dim`)."""
     obs_shape = tuple(obs_shape)
     dtype = np.dtype(obs_dtype)
     if len(obs_shape) == 1 and np.issubdtype(dtype, np.floating):
-        return MLPTorso(obs_shape[0], hidden)
+        return MLPTorso(obs_shape[0], hidden, activation)
     if len(obs_shape) == 3 and dtype == np.uint8:
         return NatureConvTorso(obs_shape)
     raise ValueError(

@@ -33,13 +33,21 @@ class LearnerClient(GrpcClient):
         self.stub = learner_pb2_grpc.LearnerStub(self.channel)
 
     def get_parameters(
-        self, have_version: int = 0, actor_id: str = "", have_lineage: int = 0
+        self,
+        have_version: int = 0,
+        actor_id: str = "",
+        have_lineage: int = 0,
+        wait_seconds: float = 0.0,
     ) -> Parameters:
+        """The newest parameters (none if have_version/have_lineage are the newest);
+        wait_seconds > 0: a long poll, answered when a newer version is published or then."""
         request = learner_pb2.GetParametersRequest(
-            have_version=have_version, actor_id=actor_id, have_lineage=have_lineage
-        )
+            have_version=have_version, actor_id=actor_id, have_lineage=have_lineage,
+            wait_seconds=wait_seconds,
+        )  # fmt: skip
+        timeout = self.timeout + wait_seconds
         response = self._retry(
-            lambda: self.stub.GetParameters(request, timeout=self.timeout), "get_parameters"
+            lambda: self.stub.GetParameters(request, timeout=timeout), "get_parameters"
         )
         return Parameters(
             version=response.version,

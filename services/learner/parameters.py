@@ -2,6 +2,7 @@
 
 import secrets
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -22,6 +23,15 @@ class ParameterStore:
         self.update_step = 0
         self._parameters: dict[str, tensor_pb2.Tensor] = {}
         self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_publish(self, listener: Callable[[], None]) -> None:
+        """Calls `listener` (from the publishing thread) after every publish."""
+        self._listeners.append(listener)
+
+    def holds(self, version: int, lineage: int) -> bool:
+        """Whether (version, lineage) is the newest published."""
+        return (version, lineage) == (self.version, self.lineage)
 
     def publish(
         self, arrays: dict[str, np.ndarray], update_step: int, version: int | None = None
@@ -31,7 +41,10 @@ class ParameterStore:
             self.version = self.version + 1 if version is None else version
             self.update_step = update_step
             self._parameters = encoded
-            return self.version
+            version = self.version
+        for listener in self._listeners:
+            listener()
+        return version
 
     def fill(
         self, response: learner_pb2.GetParametersResponse, have_version: int, have_lineage: int
@@ -39,6 +52,6 @@ class ParameterStore:
         with self._lock:
             response.version, response.update_step = self.version, self.update_step
             response.lineage = self.lineage
-            if (have_version, have_lineage) != (self.version, self.lineage):
+            if not self.holds(have_version, have_lineage):
                 for name, tensor in self._parameters.items():
                     response.parameters[name].CopyFrom(tensor)

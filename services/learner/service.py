@@ -58,6 +58,7 @@ def build(
         thread.start()
 
     async def stop_training() -> None:
+        servicer.stop_waiters()
         learner.stop.set()
         replay.close()  # unblocks a prefetch stream the replay rate limiter holds
         await asyncio.to_thread(thread.join)

@@ -1,6 +1,8 @@
 """The Learner gRPC service: parameters and leases for actors, evaluation reports."""
 
 import asyncio
+import contextlib
+import math
 import time
 
 import grpc
@@ -12,6 +14,8 @@ from apexrl.learner.best import BestModel
 from apexrl.learner.leases import Leases
 from apexrl.learner.parameters import ParameterStore
 from apexrl.v1 import learner_pb2, learner_pb2_grpc
+
+MAX_WAIT_SECONDS = 60.0  # GetParametersRequest.wait_seconds
 
 
 class LearnerServicer(learner_pb2_grpc.LearnerServicer):
@@ -25,24 +29,76 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
     ):
         self.store, self.leases, self.live_actors, self.best = store, leases, live_actors, best
         self.algorithm = algorithm
+        # Long polls wait on this event; each publish sets it and puts a fresh one in place.
+        self._published: asyncio.Event | None = None
+        self._stopping = False
+        self.waiting = 0  # long polls waiting now
+
+    def _next_publish(self) -> asyncio.Event:
+        """The event the next publish sets (made, and hooked to the store, on first use)."""
+        if self._published is None:
+            loop = asyncio.get_running_loop()
+            self._published = asyncio.Event()
+
+            def published() -> None:  # in the training thread
+                with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+                    loop.call_soon_threadsafe(self._wake)
+
+            self.store.on_publish(published)
+        return self._published
+
+    def _wake(self) -> None:
+        if self._published is not None:
+            self._published.set()
+            self._published = asyncio.Event()
+
+    def stop_waiters(self) -> None:
+        """Shutdown: long polls answer now, and new ones do not wait."""
+        self._stopping = True
+        self._wake()
 
     async def GetParameters(self, request, context):
         if len(request.actor_id) > 128:
             raise InvalidArgument("actor_id", f"{len(request.actor_id)} characters, at most 128")
+        wait = request.wait_seconds
+        if not 0 <= wait <= MAX_WAIT_SECONDS or not math.isfinite(wait):
+            raise InvalidArgument(
+                "wait_seconds", f"must be finite, 0 to {MAX_WAIT_SECONDS:g}, got {wait}"
+            )
         if self.store.version == 0:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no parameters published yet")
         response = learner_pb2.GetParametersResponse(
             lease_seconds=self.leases.seconds, algorithm=self.algorithm.name
         )
-        self.store.fill(response, request.have_version, request.have_lineage)
-        if request.actor_id:
+        if request.actor_id:  # renewed as the call arrives: a long poll keeps its lease
             index, count = self.leases.renew(request.actor_id, time.monotonic())
             response.actor_index, response.num_actors = index, count
             response.exploration = self.algorithm.exploration(index, count)
             if self.algorithm.exploration_name == "epsilon":  # the field older actors read
                 response.epsilon = response.exploration
             self.live_actors.set(count)
+        if wait and not self._stopping:
+            await self._wait_for_newer(request.have_version, request.have_lineage, wait, context)
+        self.store.fill(response, request.have_version, request.have_lineage)
         return response
+
+    async def _wait_for_newer(self, version: int, lineage: int, wait: float, context) -> None:
+        """Returns when a version newer than the one held is published (at once if it is not
+        the newest), after `wait` seconds, just before the caller's deadline, or at shutdown."""
+        # Taken before the check: a publish after the check sets this very event (both run on
+        # this loop), so no wake-up is lost.
+        published = self._next_publish()
+        if not self.store.holds(version, lineage):
+            return
+        remaining = context.time_remaining()
+        if remaining is not None:
+            wait = min(wait, max(0.0, remaining - 0.05))
+        self.waiting += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(published.wait(), wait)
+        finally:
+            self.waiting -= 1
 
     async def ReportEvaluation(self, request, context):
         return await asyncio.to_thread(self.best.report, request)  # may write a checkpoint

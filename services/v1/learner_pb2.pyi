@@ -8,14 +8,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GetParametersRequest(_message.Message):
-    __slots__ = ("have_version", "actor_id", "have_lineage")
+    __slots__ = ("have_version", "actor_id", "have_lineage", "wait_seconds")
     HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     HAVE_LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     have_version: int
     actor_id: str
     have_lineage: int
-    def __init__(self, have_version: _Optional[int] = ..., actor_id: _Optional[str] = ..., have_lineage: _Optional[int] = ...) -> None: ...
+    wait_seconds: float
+    def __init__(self, have_version: _Optional[int] = ..., actor_id: _Optional[str] = ..., have_lineage: _Optional[int] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
 
 class GetParametersResponse(_message.Message):
     __slots__ = ("version", "parameters", "update_step", "actor_index", "num_actors", "epsilon", "lease_seconds", "lineage", "exploration", "algorithm")

@@ -202,8 +202,9 @@ def serve_in_thread(tmp_path, service, registry, **settings_) -> Iterator[str]:
 
 
 @contextmanager
-def learner_server(tmp_path, publish: bool) -> Iterator[tuple[str, object]]:
-    """The real LearnerServicer (without a training loop) behind `serve`; yields (address, store)."""
+def learner_server(tmp_path, publish: bool) -> Iterator[tuple[str, object, object]]:
+    """The real LearnerServicer (without a training loop) behind `serve`; yields (address,
+    store, servicer)."""
     from apexrl import algorithms  # imports torch
     from apexrl.learner.best import BestModel
     from apexrl.learner.leases import Leases
@@ -227,7 +228,7 @@ def learner_server(tmp_path, publish: bool) -> Iterator[tuple[str, object]]:
     with serve_in_thread(
         tmp_path, service, registry, max_message_mb=LEARNER_MAX_MESSAGE_MB
     ) as address:
-        yield address, store
+        yield address, store, servicer
 
 
 @dataclass
@@ -241,7 +242,7 @@ class Learner:
 @pytest.fixture(scope="module")
 def learner(tmp_path_factory) -> Iterator[Learner]:
     folder = tmp_path_factory.mktemp("fuzz-learner")
-    with learner_server(folder, publish=True) as (address, store):
+    with learner_server(folder, publish=True) as (address, store, _):
         channel = client_channel(address)
         try:
             yield Learner(channel, learner_pb2_grpc.LearnerStub(channel), store, folder)
@@ -1085,7 +1086,7 @@ def test_get_parameters_message_above_the_size_limit(learner):
 
 def test_get_parameters_before_the_first_version_is_unavailable(tmp_path):
     with (
-        learner_server(tmp_path, publish=False) as (address, _),
+        learner_server(tmp_path, publish=False) as (address, _, _),
         client_channel(address) as channel,
     ):
         CASES["GetParameters"] += 1
@@ -1093,6 +1094,42 @@ def test_get_parameters_before_the_first_version_is_unavailable(tmp_path):
         _, error = call(stub.GetParameters, learner_pb2.GetParametersRequest(actor_id="a"))
         check_status(error, Expect(grpc.StatusCode.UNAVAILABLE))
         assert healthy(channel, "")
+
+
+def test_get_parameters_long_poll(tmp_path):
+    """wait_seconds: a caller holding the newest version is answered when the next one is
+    published, or after the wait without parameters; a bad wait is refused, naming it."""
+    with (
+        learner_server(tmp_path, publish=True) as (address, store, servicer),
+        client_channel(address) as channel,
+    ):
+        stub = learner_pb2_grpc.LearnerStub(channel)
+        for bad in (-1.0, -1e-9, math.nan, math.inf, 60.5):
+            CASES["GetParameters"] += 1
+            _, error = call(stub.GetParameters, learner_pb2.GetParametersRequest(wait_seconds=bad))
+            check_status(error, Expect(INVALID, ("wait_seconds",)))
+
+        def request(version: int, wait: float) -> learner_pb2.GetParametersRequest:
+            return learner_pb2.GetParametersRequest(
+                have_version=version, have_lineage=store.lineage, wait_seconds=wait
+            )
+
+        # Not holding the newest: answered at once, with parameters (the deadline is far
+        # below the wait).
+        assert set(stub.GetParameters(request(0, 60), timeout=10).parameters) == {"w", "b"}
+        # Holding the newest, nothing published: the answer comes after the wait, empty.
+        started = time.monotonic()
+        response = stub.GetParameters(request(1, 0.3), timeout=10)
+        assert time.monotonic() - started >= 0.29
+        assert response.version == 1 and not response.parameters
+        # A publish while it waits answers it with the new version.
+        future = stub.GetParameters.future(request(1, 60), timeout=10)
+        wait_for(lambda: servicer.waiting == 1, 10, "the long poll to wait")
+        store.publish(LEARNER_ARRAYS, update_step=8)
+        response = future.result()
+        assert response.version == 2 and set(response.parameters) == {"w", "b"}
+        assert servicer.waiting == 0
+        assert healthy(channel, "apexrl.v1.Learner")
 
 
 # --- Learner.ReportEvaluation ------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Learner, actor and evaluator as real processes over loopback."""
 
 import random
+import threading
 import time
 
 import grpc
@@ -45,6 +46,33 @@ def test_parameters_versions_and_leases(service_process):
         )
         assert (alone.actor_index, alone.exploration) == (0, pytest.approx(0.4))
     learner.stop()
+    replay.stop()
+
+
+def test_sigterm_answers_a_waiting_long_poll(service_process):
+    """A stopping learner answers the long polls waiting on it instead of holding its shutdown
+    for their whole wait: the poll gets the version it holds, and the learner exits 0."""
+    replay = service_process("replay")  # empty: the learner publishes its first version only
+    learner = service_process("learner", "--replay", replay.address, "--grace-seconds", "30")
+    with (
+        LearnerClient(learner.address, timeout=10) as poller,
+        LearnerClient(learner.address) as other,
+    ):
+        first = poller.get_parameters(0, "poller")
+        answers = {}
+        poll = threading.Thread(
+            target=lambda: answers.update(
+                held=poller.get_parameters(first.version, "poller", first.lineage, 50.0)
+            )
+        )
+        poll.start()
+        # The poll renews its lease as it arrives: two actors mean it is waiting now.
+        wait_for(lambda: other.get_parameters(0, "probe").num_actors == 2, 10, "the long poll")
+        assert poll.is_alive()
+        learner.stop()
+        poll.join(20)  # far below the 50 s it asked to wait
+        assert not poll.is_alive()
+        assert answers["held"].version == first.version and not answers["held"].arrays
     replay.stop()
 
 
