@@ -1,8 +1,11 @@
 """The replay gRPC service: tables behind the apexrl.v1.Replay contract.
 
 Every table operation runs on the asyncio event loop, one at a time, so tables need no
-locks. Callers the rate limiter holds back wait on one condition that every insert and
-sample notifies, bounded by their deadline. A checkpoint copies the arrays on the loop
+locks. UpdatePriorities answers once its keys are checked and counted and writes the sum
+tree right after (Table.stage_priorities / apply_priorities), beside the caller's next
+call; anything that reads the table applies the staged updates first. Callers the rate
+limiter holds back wait on one condition that every insert and sample notifies, bounded by
+their deadline. A checkpoint copies the arrays on the loop
 (the only pause) and writes the file in a worker thread.
 """
 
