@@ -9,6 +9,7 @@ from apexrl.algorithms.base import (
     Column,
     Learning,
     Policy,
+    adam,
     load_optimizer_state,
     optimizer_state,
     prefixed,
@@ -71,14 +72,10 @@ class DPGLearning(Learning):
         self.online, self.target = build().to(device), build().to(device)
         self.target.load_state_dict(self.online.state_dict())
         self.target.requires_grad_(False)
-        self.critic_optimizer = torch.optim.Adam(
-            self.online.critic.parameters(), lr=config.learning_rate
-        )
+        self.critic_optimizer = adam(self.online.critic.parameters(), config.learning_rate)
         # One learning rate for both (as TD3): on Pendulum a policy rate of half or a tenth of
         # the critic's solved in no fewer updates.
-        self.policy_optimizer = torch.optim.Adam(
-            self.online.policy.parameters(), lr=config.learning_rate
-        )
+        self.policy_optimizer = adam(self.online.policy.parameters(), config.learning_rate)
 
     def update(self, batch, weights, step):
         online, target = self.online, self.target

@@ -8,6 +8,7 @@ from apexrl.algorithms.base import (
     Column,
     Learning,
     Policy,
+    adam,
     load_optimizer_state,
     optimizer_state,
     prefixed,
@@ -50,7 +51,7 @@ class DQNLearning(Learning):
         self.config = config
         self.online, self.target = build().to(device), build().to(device)
         self.target.load_state_dict(self.online.state_dict())
-        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=config.learning_rate)
+        self.optimizer = adam(self.online.parameters(), config.learning_rate)
 
     def update(self, batch, weights, step):
         loss, td_errors, q = dqn_loss(self.online, self.target, batch, weights)
