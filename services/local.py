@@ -156,7 +156,9 @@ class Run:
             if section in on_policy:
                 defaults = on_policy[section] if section == "replay" else {
                     **defaults, **on_policy[section]}  # fmt: skip
-            extra = ATARI_DEFAULTS[section] if atari else {}
+            # The Atari learner and replay settings are DQN's; impala and ppo keep their own.
+            extra = ATARI_DEFAULTS[section] if atari and not (
+                on_policy and section in ("learner", "replay")) else {}  # fmt: skip
             settings[section] = {**defaults, **extra, **user_file.get(section, {})}
         settings["learner"].setdefault("checkpoint_dir", str(run_dir / "checkpoints"))
         # The replay takes only the algorithm's columns: a misconfigured actor is refused,

@@ -13,8 +13,9 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import grpc
 import numpy as np
 import torch
 
@@ -244,9 +245,14 @@ class Learner:
         m.weight_min.set(float(weights.min()))
 
     def _prefetch(self, replay: ReplayClient, batches: queue.Queue) -> None:
+        sampled = (
+            self._one_call_each(replay)
+            if self.algorithm.unrolls
+            else replay.sample_stream(self.config.batch_size, self.config.beta)
+        )
         try:
             checked = False
-            for batch in replay.sample_stream(self.config.batch_size, self.config.beta):
+            for batch in sampled:
                 if not checked:
                     self.check_columns(batch.columns)
                     checked = True
@@ -264,6 +270,18 @@ class Learner:
         except Exception as err:  # surfaced in the training thread
             if not self.stop.is_set():
                 batches.put(err)
+
+    def _one_call_each(self, replay: ReplayClient) -> Iterator:
+        """A queue table's batches, one Sample call each, made when the prefetch queue has room.
+        A stream would keep sampling into gRPC's buffers while the learner trains; sampled
+        unrolls leave the queue, so a slow learner would empty it (the actors, no longer held
+        back, race ahead) and lose every buffered batch when it stops."""
+        while not self.stop.is_set():
+            try:
+                yield replay.sample(self.config.batch_size, self.config.beta)
+            except grpc.RpcError as err:  # the queue lacked a batch until the deadline: again
+                if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise
 
     def _write_priorities(self, replay: ReplayClient, priorities: queue.Queue) -> None:
         """Writes priorities back until `priorities` yields None (see write_priorities)."""

@@ -17,12 +17,14 @@ pytestmark = pytest.mark.slow
 SECONDS = 60
 
 
-def test_pong_runs_end_to_end_from_compressed_frames(tmp_path):
+def run_pong(tmp_path, *flags: str) -> tuple[dict, list[dict]]:
+    """Local mode on Pong for SECONDS; its config and metrics rows, after checking that it ran
+    to its budget, scored games, and that every process stopped cleanly."""
     run_dir = tmp_path / "run"
     result = subprocess.run(
         [sys.executable, "-m", "apexrl.cli", "local", "--env", "ALE/Pong-v5",
          "--target-return", "21", "--max-seconds", str(SECONDS), "--seed", "1",
-         "--run-dir", str(run_dir)],
+         "--run-dir", str(run_dir), *flags],
         capture_output=True, text=True, timeout=SECONDS + 240,
     )  # fmt: skip
     last_line = result.stdout.strip().splitlines()[-1]
@@ -31,16 +33,12 @@ def test_pong_runs_end_to_end_from_compressed_frames(tmp_path):
         result.stdout[-3000:] + result.stderr[-3000:]
     )
     config = tomllib.loads((run_dir / "config.toml").read_text())
-    assert config["replay"]["signature"].startswith("observations:uint8:2x4x84x84:zstd,")
     with open(run_dir / "metrics.csv") as fh:
         rows = list(csv.DictReader(fh))
     last = rows[-1]
     print({k: last[k] for k in ("env_steps", "updates", "replay_size", "replay_bytes_per_item")})
     assert float(last["env_steps"]) > 2_000
     assert float(last["updates"]) > 0
-    assert float(last["replay_size"]) > 2_000  # past min_size_to_sample: the learner sampled
-    # A Pong transition (obs + next_obs, 56,448 raw bytes) rests in well under 1 KB.
-    assert 0 < float(last["replay_bytes_per_item"]) < 1_000
     scores = [float(r["eval_mean_return"]) for r in rows if float(r["eval_rounds"]) > 0]
     assert scores and all(-21 <= s <= 21 for s in scores)  # game scores, never clipped sums
     assert not leftover_processes(str(run_dir))
@@ -49,3 +47,21 @@ def test_pong_runs_end_to_end_from_compressed_frames(tmp_path):
         assert "stopped" in log, name
         if name != "replay":  # grpc logs a stream cut by a stopping learner in the replay's log
             assert "Traceback" not in log, f"{name}:\n{log[-3000:]}"
+    return config, rows
+
+
+def test_pong_runs_end_to_end_from_compressed_frames(tmp_path):
+    config, rows = run_pong(tmp_path)
+    assert config["replay"]["signature"].startswith("observations:uint8:2x4x84x84:zstd,")
+    last = rows[-1]
+    assert float(last["replay_size"]) > 2_000  # past min_size_to_sample: the learner sampled
+    # A Pong transition (obs + next_obs, 56,448 raw bytes) rests in well under 1 KB.
+    assert 0 < float(last["replay_bytes_per_item"]) < 1_000
+
+
+def test_pong_runs_end_to_end_with_impala(tmp_path):
+    """IMPALA on the same pipeline: unrolls of 33 stacked frames through the queue table, the
+    Nature-CNN actor-critic learning from them (a few updates a minute on this CPU)."""
+    config, rows = run_pong(tmp_path, "--algorithm", "impala")
+    assert config["replay"]["signature"].startswith("observations:uint8:33x4x84x84,")
+    assert config["replay"]["rate_limiter"] == "queue"

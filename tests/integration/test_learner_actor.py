@@ -1,5 +1,6 @@
 """Learner, actor and evaluator as real processes over loopback."""
 
+import queue
 import random
 import threading
 import time
@@ -11,6 +12,7 @@ import pytest
 from apexrl.algorithms.exploration import epsilon_ladder
 from apexrl.common import checkpoint
 from apexrl.common.learner_client import LearnerClient
+from apexrl.config import LearnerConfig
 from apexrl.replay.client import ReplayClient
 from tests.conftest import metric, wait_for
 
@@ -74,6 +76,46 @@ def test_sigterm_answers_a_waiting_long_poll(service_process):
         assert not poll.is_alive()
         assert answers["held"].version == first.version and not answers["held"].arrays
     replay.stop()
+
+
+def test_an_on_policy_learner_takes_only_the_batches_it_can_hold(replay_factory):
+    """Sampled unrolls leave a queue table, so the learner must not sample ahead of its
+    prefetch queue: with the queue full and nothing trained, exactly the batches it holds (and
+    the one waiting to go in) have left the table, and stopping it loses nothing else. (A
+    server stream kept sampling into gRPC's buffers: a slow Atari learner emptied the queue
+    that way, 544 unrolls sampled for 48 trained.)"""
+    import prometheus_client
+
+    from apexrl import algorithms
+    from apexrl.learner.metrics import LearnerMetrics
+    from apexrl.learner.parameters import ParameterStore
+    from apexrl.learner.training import Learner
+
+    config = LearnerConfig(algorithm="impala", env="CartPole-v1", batch_size=8, prefetch=2)
+    columns = algorithms.transition_columns(config)
+    server = replay_factory(
+        capacity=64, sampler="fifo", remover="none", max_times_sampled=1, rate_limiter="queue",
+        signature=",".join(c.spec() for c in columns),
+    )  # fmt: skip
+    unroll = {c.name: np.zeros((1, *c.shape), c.dtype) for c in columns}
+    learner = Learner(
+        config, algorithms.make(config), LearnerMetrics(prometheus_client.CollectorRegistry()),
+        ParameterStore(),
+    )  # fmt: skip
+    batches: queue.Queue = queue.Queue(maxsize=config.prefetch)
+    with ReplayClient(server.address, timeout=10) as writer, ReplayClient(server.address) as replay:
+        for _ in range(64):
+            writer.insert(unroll)
+        prefetch = threading.Thread(target=learner._prefetch, args=(replay, batches))
+        prefetch.start()
+        # 2 batches queued and a third waiting to go in: 24 unrolls have left the table.
+        wait_for(lambda: batches.full() and writer.info().samples >= 24, 10, "a full queue")
+        learner.stop.set()
+        replay.close()
+        prefetch.join(10)
+        info = writer.info()
+    assert (info.samples, info.size) == (24, 40)
+    assert [len(batches.get_nowait()[2]) for _ in range(2)] == [8, 8]
 
 
 def test_learner_trains_checkpoints_on_sigterm_and_resumes_exactly(
