@@ -293,25 +293,33 @@ def learner_updates_per_s(batch_size: int, updates: int) -> float:
     return round(updates / (time.perf_counter() - started), 2)
 
 
+FRAME_SKIP = 4  # env frames per agent step (AtariPreprocessing's frame_skip)
+
+
+def run_local_pong(seconds: float, run_dir: Path, *flags: str) -> list[dict]:
+    """`apexrl local` on Pong (target 21: it runs its whole budget); its metrics.csv rows."""
+    import csv
+
+    command = [sys.executable, "-m", "apexrl.cli", "local", "--env", "ALE/Pong-v5",
+               "--target-return", "21", "--max-seconds", str(seconds), "--seed", "1",
+               "--run-dir", str(run_dir), *flags]  # fmt: skip
+    subprocess.run(command, check=False)
+    with open(run_dir / "metrics.csv") as fh:
+        return list(csv.DictReader(fh))
+
+
 def learn(minutes: float, folder: Path) -> dict:
     """apexrl local on Pong for a wall budget: its metrics.csv is the learning curve."""
     run_dir = folder / "pong"
-    command = [sys.executable, "-m", "apexrl.cli", "local", "--env", "ALE/Pong-v5",
-               "--target-return", "21", "--max-seconds", str(minutes * 60), "--seed", "1",
-               "--run-dir", str(run_dir)]  # fmt: skip
-    subprocess.run(command, check=False)
-    import csv
-
-    with open(run_dir / "metrics.csv") as fh:
-        rows = list(csv.DictReader(fh))
+    rows = run_local_pong(minutes * 60, run_dir)
     evaluated = [r for r in rows if r["eval_mean_return"] not in ("", "nan")]
-    curve = [(float(r["seconds"]), float(r["env_steps"]) * 4, float(r["eval_mean_return"]))
-             for r in evaluated]  # fmt: skip
+    curve = [(float(r["seconds"]), float(r["env_steps"]) * FRAME_SKIP,
+              float(r["eval_mean_return"])) for r in evaluated]  # fmt: skip
     return {
         "run_dir": str(run_dir),
         "curve_seconds_frames_score": curve[:: max(1, len(curve) // 30)],
         "best_score": max((c[2] for c in curve), default=math.nan),
-        "env_frames": float(rows[-1]["env_steps"]) * 4 if rows else 0,
+        "env_frames": float(rows[-1]["env_steps"]) * FRAME_SKIP if rows else 0,
         "updates": float(rows[-1]["updates"]) if rows else 0,
     }
 

@@ -11,31 +11,23 @@ batch 256, lr 2.5e-4 and clip 0.1 (the zoo decays both linearly; constant here o
 run), vf_coef 0.5, ent_coef 0.01) on ALE/Pong-v5 with frameskip 1 under SB3's AtariWrapper
 (frame skip 4, 84x84 grey) and a 4-frame stack, learning for --seconds on one torch thread;
 frames/s = 4 x its timesteps / the seconds `learn` ran. Both count agent steps x 4 frames
-(frame skip 4), training included. Prints one JSON object.
+(frame skip 4), training included. The last line is one JSON object.
 """
 
 import argparse
-import csv
 import json
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-FRAME_SKIP = 4
+sys.path.insert(0, str(Path(__file__).parent))
+from atari import FRAME_SKIP, run_local_pong  # noqa: E402  (benchmarks/ is not a package)
 
 
 def apexrl_frames_per_s(seconds: float, folder: Path) -> dict:
-    run_dir = folder / "impala-pong"
-    subprocess.run(
-        [sys.executable, "-m", "apexrl.cli", "local", "--algorithm", "impala", "--env",
-         "ALE/Pong-v5", "--target-return", "21", "--max-seconds", str(seconds), "--seed", "1",
-         "--run-dir", str(run_dir)],
-        capture_output=True, text=True, timeout=seconds + 300,
-    )  # fmt: skip
-    with open(run_dir / "metrics.csv") as fh:
-        rows = [r for r in csv.DictReader(fh) if float(r["env_steps"]) > 0]
+    rows = run_local_pong(seconds, folder / "impala-pong", "--algorithm", "impala")
+    rows = [r for r in rows if float(r["env_steps"]) > 0]
     first, last = rows[0], rows[-1]
     steps = float(last["env_steps"]) - float(first["env_steps"])
     elapsed = float(last["seconds"]) - float(first["seconds"])
