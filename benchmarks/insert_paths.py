@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/insert_paths.py [--seconds 3] [--repeats 3]
                                                 [--paths inserts,writers,priorities]
+                                                [--reverb /tmp/reverb-venv/bin/python]
 
 One `apexrl replay` process (capacity 1M), CartPole-size transitions (obs f32[4], action i64,
 reward f32, discount f32, next_obs f32[4]); medians of the repeats, every path in each repeat.
@@ -15,7 +16,8 @@ writers (items/s): 4 writer processes, each its own ReplayClient inserting 64 pe
 aggregate over the same window.
 
 priorities (priorities/s, keys of live items, float32 priorities):
-- update_priorities_512: ReplayClient.update_priorities, 512 keys a call, one call at a time;
+- update_priorities_512: ReplayClient.update_priorities, 512 keys a call, one call at a time
+  (each sent on the client's long-lived UpdatePrioritiesStream and waited for);
 - learner_priorities_512: the learner's own sender (learner.training.write_priorities, as
   Learner._write_priorities runs it: coalesced and pipelined) writing 512-key updates that a
   producer keeps queued, as a learner faster than the replay would;
@@ -24,15 +26,28 @@ priorities (priorities/s, keys of live items, float32 priorities):
   priorities/s);
 - raw_ceiling_calls: the RAW ceiling, not a replay figure: a bare grpc.aio server (no
   interceptors, no (de)serializers; replay_throughput.py --serve-echo) echoing 64 bytes to a
-  plain channel, one call at a time (x512: raw_ceiling_512). What Python gRPC itself allows.
+  plain channel, one call at a time (x512: raw_ceiling_512). What Python gRPC itself allows
+  for unary calls;
+- raw_stream_ceiling_calls: the same server's bare bidi stream, 64 bytes sent and one byte
+  answered, one at a time (x512: raw_stream_ceiling_512): the RAW ceiling of a stream;
+- reverb_mutate_512 (only with --reverb PYTHON, a Python with dm-reverb 0.14): DeepMind
+  Reverb's Client.mutate_priorities, 512 distinct live keys a call, one call at a time, for
+  --seconds, against its own Reverb server (one table, Prioritized(0.6), Fifo, MinSize(1),
+  max_size 1M) holding 200K CartPole-size items: `PYTHON reverb_side.py --priorities SECONDS
+  --repeats 1` (its docstring has the details), run once per repeat right after apexrl's
+  priority paths, so the two alternate within one run. Its run lines are printed as they come.
+update_over_X = update_priorities_512 / X_512 (of the medians): update_over_reverb above 1
+means ReplayClient.update_priorities moves more priorities/s than Reverb's mutate_priorities.
 The last line is one JSON object.
 """
 
 import argparse
 import json
 import multiprocessing as mp
+import os
 import queue
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -50,6 +65,7 @@ from replay_throughput import ECHO_SERVICE, echo_server  # noqa: E402
 from apexrl.replay.client import STREAM_SECONDS, ReplayClient, insert_request  # noqa: E402
 
 PATHS = ("inserts", "writers", "priorities")
+REVERB_SIDE = Path(__file__).resolve().parent / "reverb_side.py"
 CAPACITY = 1_000_000
 WRITERS = 4
 
@@ -202,6 +218,25 @@ def raw_ceiling(address: str, seconds: float) -> float:
         return rate(lambda: echo(payload, timeout=30), 1, seconds)
 
 
+def raw_stream_ceiling(address: str, seconds: float) -> float:
+    """Round trips/s of 64 bytes on one bare bidi stream (the echo server's Upload), one
+    message at a time: the RAW ceiling of a path over a long-lived stream."""
+    with grpc.insecure_channel(address) as channel:
+        messages: queue.SimpleQueue = queue.SimpleQueue()
+        call = channel.stream_stream(f"/{ECHO_SERVICE}/Upload")(
+            iter(messages.get, None), timeout=STREAM_SECONDS
+        )
+
+        def one() -> None:
+            messages.put(bytes(64))
+            next(call)
+
+        result = rate(one, 1, seconds)
+        messages.put(None)
+        list(call)
+        return result
+
+
 def learner_priorities(
     client: ReplayClient, updates: list[tuple], seconds: float, senders: int
 ) -> tuple[float, bool]:
@@ -247,6 +282,7 @@ def priority_paths(
 ) -> dict[str, float]:
     updates = live_updates(client, 256)
     raw = raw_ceiling(echo_address, seconds)
+    raw_stream_calls = raw_stream_ceiling(echo_address, seconds)
     calls = unary_ceiling(client, seconds)
     one_at_a_time = update_priorities_512(client, updates, seconds)
     learner, all_landed = learner_priorities(client, updates, seconds, senders)
@@ -255,11 +291,29 @@ def priority_paths(
     return {
         "raw_ceiling_calls": raw,
         "raw_ceiling_512": raw * 512,
+        "raw_stream_ceiling_calls": raw_stream_calls,
+        "raw_stream_ceiling_512": raw_stream_calls * 512,
         "unary_ceiling_calls": calls,
         "unary_ceiling_512": calls * 512,
         "update_priorities_512": one_at_a_time,
         "learner_priorities_512": learner,
     }
+
+
+def reverb_mutate(python: str, seconds: float, seed: int) -> float:
+    """Priorities/s of Reverb's Client.mutate_priorities, 512 keys a call: one repeat of
+    reverb_side.py --priorities under `python` (its own Reverb server, filled, then measured)."""
+    command = [python, str(REVERB_SIDE), "--priorities", str(seconds), "--repeats", "1",
+               "--seed", str(seed)]  # fmt: skip
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    env.pop("PYTHONPATH", None)
+    done = subprocess.run(
+        command, stdout=subprocess.PIPE, text=True, env=env, check=True, timeout=900
+    )
+    lines = done.stdout.strip().splitlines()
+    for line in lines[:-1]:
+        print(line, flush=True)
+    return json.loads(lines[-1])["mutate_priorities_512_median"]
 
 
 def main() -> None:
@@ -271,6 +325,9 @@ def main() -> None:
     parser.add_argument("--paths", default=",".join(PATHS), help=f"some of {', '.join(PATHS)}")
     parser.add_argument("--senders", type=int, default=Learner.PRIORITY_SENDERS,
                         help="priority calls in flight on the learner's path")  # fmt: skip
+    parser.add_argument("--reverb", default="", metavar="PYTHON",
+                        help="a Python with dm-reverb: also measure Reverb's mutate_priorities "
+                             "(priorities path; default: skip)")  # fmt: skip
     args = parser.parse_args()
     paths = args.paths.split(",")
     if not set(paths) <= set(PATHS):
@@ -284,7 +341,7 @@ def main() -> None:
             client = stack.enter_context(ReplayClient(address))
             if "priorities" in paths:
                 echo_address = stack.enter_context(echo_server(workdir)).address
-            for _ in range(args.repeats):
+            for repeat in range(args.repeats):
                 figures: dict[str, float] = {}
                 if "inserts" in paths:
                     figures |= insert_paths(client, args.seconds)
@@ -294,6 +351,10 @@ def main() -> None:
                     )
                 if "priorities" in paths:
                     figures |= priority_paths(client, echo_address, args.seconds, args.senders)
+                    if args.reverb:
+                        figures["reverb_mutate_512"] = reverb_mutate(
+                            args.reverb, args.seconds, repeat
+                        )
                 for name, value in figures.items():
                     runs.setdefault(name, []).append(value)
     finally:
@@ -306,9 +367,13 @@ def main() -> None:
                 figures[f"shipping_{n}"] / figures[f"stream_per_call_{n}"], 2
             )
     if "priorities" in paths:
-        for ceiling in ("unary_ceiling", "raw_ceiling"):
+        for ceiling in ("unary_ceiling", "raw_ceiling", "raw_stream_ceiling"):
             figures[f"update_over_{ceiling}"] = round(
                 figures["update_priorities_512"] / figures[f"{ceiling}_512"], 2
+            )
+        if args.reverb:
+            figures["update_over_reverb"] = round(
+                figures["update_priorities_512"] / figures["reverb_mutate_512"], 2
             )
     print(json.dumps({"runs": {k: [round(x) for x in v] for k, v in runs.items()}}))
     print(json.dumps(figures))

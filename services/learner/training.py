@@ -311,7 +311,7 @@ def write_priorities(
     `senders` threads (this one among them) each coalesce up to `coalesce` queued updates, or
     what arrives in 20 ms, into one call: a replay call costs far more than a few thousand keys
     do, and with several calls in flight the replay works on one while the next travels.
-    Calls in flight together may land in either order, so for a key in two of them the older
+    Calls in flight together may be sent in either order, so for a key in two of them the older
     priority can win; priorities are advisory and the key's next sample sets it again. A failed
     call is logged and dropped for the same reason; once `stop` is set, a failure ends its
     sender quietly (the replay client was closed under it).

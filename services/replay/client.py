@@ -4,11 +4,13 @@ Every call carries a deadline and is retried with backoff while the server is UN
 (restarting, partitioned), for up to `retry_seconds` (None: forever, as actors want).
 Inserts may be re-sent after a reconnect, so delivery is at-least-once.
 
-Inserts go over one long-lived Insert stream (opening a stream per call cost ~1.6 ms, more
-than a batch of 64 CartPole transitions takes to send): each request carries the client's
-timeout as its `max_wait_seconds`, so the replay itself ends a request the rate limiter holds
-too long, with DEADLINE_EXCEEDED, as a per-call deadline did. A stream that fails in any way
-is dropped and the next insert opens a new one.
+Inserts and priority updates each go over one long-lived stream (Insert,
+UpdatePrioritiesStream; opening a stream per call cost ~1.6 ms, more than a batch of 64
+CartPole transitions takes to send, and a unary call costs the replay its per-call setup):
+threads share it, each waiting for its own answer. Each insert carries the client's timeout
+as its `max_wait_seconds`, so the replay itself ends a request the rate limiter holds too
+long, with DEADLINE_EXCEEDED, as a per-call deadline did. A stream that fails in any way is
+dropped and the next call opens a new one; requests it never read go again.
 """
 
 import collections
@@ -16,6 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import grpc
@@ -62,46 +65,81 @@ def insert_request(
     return request
 
 
-class InsertStream:
-    """One long-lived Insert call: requests go in through a queue, a thread reads the acks
-    (in order) so that a caller can wait for its own with a bound."""
+class StreamTimeout(grpc.RpcError):
+    """No ack within the bound: the connection is presumed dead (reads as DEADLINE_EXCEEDED)."""
 
-    def __init__(self, stub: replay_pb2_grpc.ReplayStub):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self) -> str:
+        return str(self)
+
+
+class StreamEnded(grpc.RpcError):
+    """The stream ended before the replay read this request: nothing of it was applied, and
+    it can go again on a new stream (reads as UNAVAILABLE, so it is retried)."""
+
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self) -> str:
+        return f"stream ended: {self}"
+
+
+class AckedStream:
+    """One long-lived call that answers each request with one response, in order (Insert,
+    UpdatePrioritiesStream). Any thread may send: `send` returns a future of that request's
+    own response, so several can be in flight; a thread reads the responses.
+
+    When the call ends, the oldest unanswered request gets its error (the request the
+    replay refused, or the lost connection); the ones sent after it were never read and get
+    StreamEnded (UNAVAILABLE: send them again on a new stream)."""
+
+    def __init__(self, method):
         self.opened = time.monotonic()
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
-        self._acks: queue.SimpleQueue = queue.SimpleQueue()
-        self._call = stub.Insert(iter(self._requests.get, None), timeout=STREAM_SECONDS)
-        self._reader = threading.Thread(target=self._read, name="insert-acks", daemon=True)
+        self._pending: collections.deque[Future] = collections.deque()  # sent, unanswered
+        self._lock = threading.Lock()
+        self._ended = False
+        self._call = method(iter(self._requests.get, None), timeout=STREAM_SECONDS)
+        self._reader = threading.Thread(target=self._read, name="stream-acks", daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
+        error: BaseException = EOFError("the replay ended the stream")
         try:
             for response in self._call:
-                self._acks.put(response)
-            self._acks.put(EOFError("the replay ended the insert stream"))
+                with self._lock:
+                    future = self._pending.popleft()
+                future.set_result(response)
         except grpc.RpcError as err:
-            self._acks.put(err)
+            error = err
+        with self._lock:
+            self._ended = True
+            pending, self._pending = self._pending, collections.deque()
+        for i, future in enumerate(pending):
+            future.set_exception(error if i == 0 else StreamEnded("an earlier request ended it"))
 
-    def insert(self, request, timeout: float) -> replay_pb2.InsertResponse:
-        """Sends one request and waits for its ack."""
-        self.send(request)
-        return self.ack(timeout)
+    def send(self, request) -> Future:
+        """Queues a request; the future holds its response, or its error (StreamEnded if
+        the stream had ended already)."""
+        future: Future = Future()
+        with self._lock:
+            if not self._ended:
+                self._pending.append(future)
+                self._requests.put(request)
+                return future
+        future.set_exception(StreamEnded("it ended before this request was sent"))
+        return future
 
-    def send(self, request) -> None:
-        """Queues a request; its ack comes, in order, from ack()."""
-        self._requests.put(request)
-
-    def ack(self, timeout: float) -> replay_pb2.InsertResponse:
-        """The next ack (the replay bounds the rate limiter's wait by each request's
-        max_wait_seconds; `timeout` only guards against a silent peer); the stream's error if
-        it failed."""
+    @staticmethod
+    def ack(future: Future, timeout: float):
+        """The response (the replay bounds the rate limiter's wait by each request's
+        max_wait_seconds; `timeout` only guards against a silent peer), or the error."""
         try:
-            ack = self._acks.get(timeout=timeout)
-        except queue.Empty:
-            raise StreamTimeout(f"no insert ack in {timeout:.1f} s") from None
-        if isinstance(ack, BaseException):
-            raise ack
-        return ack
+            return future.result(timeout)
+        except TimeoutError:
+            raise StreamTimeout(f"no response on the stream in {timeout:.1f} s") from None
 
     def close(self) -> None:
         """Half-closes (the replay answers what it has, then ends the call); cancels if it
@@ -133,8 +171,8 @@ class ReplayWriter:
         self._columns: dict[str, np.ndarray] | None = None  # from the first item's arrays
         self._priorities = np.zeros(batch, np.float64)
         self._count = 0
-        self._unacked: collections.deque = collections.deque()  # sent, no ack yet
-        self._stream: InsertStream | None = None
+        self._unacked: collections.deque = collections.deque()  # (request, future): no ack yet
+        self._stream: AckedStream | None = None
 
     def append(self, item: dict[str, np.ndarray], priority: float) -> None:
         if self._count == self.batch:  # still full: sending it failed last time
@@ -170,20 +208,22 @@ class ReplayWriter:
             self.client.table, columns, self._priorities[:n], self.client.timeout
         )
         stream = self._open()  # (a new stream re-sends the unacknowledged before this one)
-        self._unacked.append(request)
-        stream.send(request)
+        self._unacked.append((request, stream.send(request)))
 
-    def _open(self) -> InsertStream:
+    def _open(self) -> AckedStream:
         if self._stream is None:  # a new stream: what the old one left unacknowledged first
-            self._stream = InsertStream(self.client.stub)
-            for request in self._unacked:
-                self._stream.send(request)
+            self._stream = AckedStream(self.client.stub.Insert)
+            self._unacked = collections.deque(
+                (request, self._stream.send(request)) for request, _ in self._unacked
+            )
         return self._stream
 
     def _take_ack(self) -> None:
         def ack() -> replay_pb2.InsertResponse:
             try:
-                return self._open().ack(self.client.timeout + ReplayClient.ACK_MARGIN)
+                self._open()
+                future = self._unacked[0][1]
+                return AckedStream.ack(future, self.client.timeout + ReplayClient.ACK_MARGIN)
             except BaseException:
                 self.close()  # its remaining acks are lost with it
                 raise
@@ -198,16 +238,6 @@ class ReplayWriter:
         self.landed += response.inserted
 
 
-class StreamTimeout(grpc.RpcError):
-    """No ack within the bound: the connection is presumed dead (reads as DEADLINE_EXCEEDED)."""
-
-    def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.DEADLINE_EXCEEDED
-
-    def details(self) -> str:
-        return str(self)
-
-
 class ReplayClient(GrpcClient):
     # A rate-limited insert may wait up to `timeout` at the replay; beyond this margin more
     # without an ack, the stream is given up.
@@ -218,8 +248,8 @@ class ReplayClient(GrpcClient):
         super().__init__(address, timeout=timeout, **options)
         self.table = table
         self.stub = replay_pb2_grpc.ReplayStub(self.channel)
-        self._stream: InsertStream | None = None
-        self._insert_lock = threading.Lock()
+        self._streams: dict[str, AckedStream] = {}  # by rpc name
+        self._streams_lock = threading.Lock()
 
     def insert(
         self,
@@ -237,34 +267,39 @@ class ReplayClient(GrpcClient):
         return self._retry(lambda: self._insert(request), "insert")
 
     def _insert(self, request: replay_pb2.InsertRequest) -> replay_pb2.InsertResponse:
-        with self._insert_lock:
-            if (
-                self._stream is not None
-                and time.monotonic() - self._stream.opened > STREAM_SECONDS / 2
-            ):
-                self._drop_stream()  # reopened well before the stream's own deadline
-            if self._stream is None:
-                self._stream = InsertStream(self.stub)
-            try:
-                return self._stream.insert(request, self.timeout + self.ACK_MARGIN)
-            except BaseException:
-                self._drop_stream()  # its acks would be out of step with later requests
-                raise
+        return self._over_stream("Insert", request)
+
+    def _over_stream(self, rpc: str, request):
+        """Sends one request over the client's long-lived `rpc` stream and waits for its
+        response; other threads' requests may be in flight beside it."""
+        with self._streams_lock:
+            stream = old = self._streams.get(rpc)
+            if old is None or time.monotonic() - old.opened > STREAM_SECONDS / 2:
+                stream = self._streams[rpc] = AckedStream(getattr(self.stub, rpc))
+        if old is not None and old is not stream:
+            old.close()  # reopened well before the stream's own deadline
+        try:
+            return AckedStream.ack(stream.send(request), self.timeout + self.ACK_MARGIN)
+        except BaseException:
+            self._drop_stream(rpc, stream)  # ended, or presumed dead
+            raise
 
     def writer(self, batch: int = 64, window: int = 8) -> ReplayWriter:
         """A writer of single transitions (see ReplayWriter); close it, or flush, when done."""
         return ReplayWriter(self, batch, window)
 
-    def _drop_stream(self) -> None:
-        stream, self._stream = self._stream, None
-        if stream is not None:
-            stream.close()
+    def _drop_stream(self, rpc: str, stream: AckedStream) -> None:
+        with self._streams_lock:
+            if self._streams.get(rpc) is not stream:
+                return  # another caller dropped it already
+            del self._streams[rpc]
+        stream.close()
 
     def close(self) -> None:
-        super().close()  # first: an insert waiting for its ack fails at once, never holds close
-        stream, self._stream = self._stream, None
-        if stream is not None:
+        super().close()  # first: a call waiting for its response fails at once, never holds close
+        for stream in list(self._streams.values()):
             stream.close()
+        self._streams.clear()
 
     def sample(self, batch_size: int, beta: float = 0.4) -> SampledBatch:
         return SampledBatch.from_proto(self.sample_response(batch_size, beta))
@@ -306,7 +341,7 @@ class ReplayClient(GrpcClient):
     ) -> replay_pb2.UpdatePrioritiesResponse:
         request = self.update_request(keys, priorities)
         return self._retry(
-            lambda: self.stub.UpdatePriorities(request, timeout=self.timeout), "update_priorities"
+            lambda: self._over_stream("UpdatePrioritiesStream", request), "update_priorities"
         )
 
     def update_request(

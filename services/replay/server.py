@@ -310,6 +310,13 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
             sent += 1
 
     async def UpdatePriorities(self, request, context):
+        return self._update_priorities(request)
+
+    async def UpdatePrioritiesStream(self, request_iterator, context):
+        async for request in request_iterator:
+            yield self._update_priorities(request)
+
+    def _update_priorities(self, request) -> replay_pb2.UpdatePrioritiesResponse:
         table = self._table(request.table)
         wire_keys = tensors.from_proto(request.keys, "keys")
         priorities = tensors.from_proto(request.priorities, "priorities")

@@ -55,6 +55,11 @@ class ReplayStub:
                 request_serializer=apexrl_dot_v1_dot_replay__pb2.UpdatePrioritiesRequest.SerializeToString,
                 response_deserializer=apexrl_dot_v1_dot_replay__pb2.UpdatePrioritiesResponse.FromString,
                 _registered_method=True)
+        self.UpdatePrioritiesStream = channel.stream_stream(
+                '/apexrl.v1.Replay/UpdatePrioritiesStream',
+                request_serializer=apexrl_dot_v1_dot_replay__pb2.UpdatePrioritiesRequest.SerializeToString,
+                response_deserializer=apexrl_dot_v1_dot_replay__pb2.UpdatePrioritiesResponse.FromString,
+                _registered_method=True)
         self.Info = channel.unary_unary(
                 '/apexrl.v1.Replay/Info',
                 request_serializer=apexrl_dot_v1_dot_replay__pb2.InfoRequest.SerializeToString,
@@ -105,6 +110,18 @@ class ReplayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdatePrioritiesStream(self, request_iterator, context):
+        """UpdatePriorities over one long-lived call, as the shipping clients send
+        them (a unary call costs the server its per-call setup every time): the
+        server answers each request with exactly one UpdatePrioritiesResponse, in
+        order. An invalid request ends the stream with its error status and
+        changes nothing; the requests answered before it stay applied, and those
+        sent after it are neither applied nor answered.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Info(self, request, context):
         """Sizes, signatures, settings and counters of every table.
         """
@@ -142,6 +159,11 @@ def add_ReplayServicer_to_server(servicer, server):
             ),
             'UpdatePriorities': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdatePriorities,
+                    request_deserializer=apexrl_dot_v1_dot_replay__pb2.UpdatePrioritiesRequest.FromString,
+                    response_serializer=apexrl_dot_v1_dot_replay__pb2.UpdatePrioritiesResponse.SerializeToString,
+            ),
+            'UpdatePrioritiesStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.UpdatePrioritiesStream,
                     request_deserializer=apexrl_dot_v1_dot_replay__pb2.UpdatePrioritiesRequest.FromString,
                     response_serializer=apexrl_dot_v1_dot_replay__pb2.UpdatePrioritiesResponse.SerializeToString,
             ),
@@ -263,6 +285,33 @@ class Replay:
             request,
             target,
             '/apexrl.v1.Replay/UpdatePriorities',
+            apexrl_dot_v1_dot_replay__pb2.UpdatePrioritiesRequest.SerializeToString,
+            apexrl_dot_v1_dot_replay__pb2.UpdatePrioritiesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdatePrioritiesStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/apexrl.v1.Replay/UpdatePrioritiesStream',
             apexrl_dot_v1_dot_replay__pb2.UpdatePrioritiesRequest.SerializeToString,
             apexrl_dot_v1_dot_replay__pb2.UpdatePrioritiesResponse.FromString,
             options,

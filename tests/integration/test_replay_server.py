@@ -10,7 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from apexrl.common import tensors
-from apexrl.replay.client import insert_request
+from apexrl.replay.client import AckedStream, StreamEnded, insert_request
 from apexrl.v1 import replay_pb2, tensor_pb2
 from tests.conftest import transitions, wait_for
 
@@ -276,7 +276,92 @@ def test_bad_priority_update_is_refused_and_changes_nothing(replay, case):
             client.stub.UpdatePriorities(request, timeout=5)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
         assert field in caught.value.details()
+        with pytest.raises(grpc.RpcError) as streamed:
+            list(client.stub.UpdatePrioritiesStream(iter([request]), timeout=5))
+        assert streamed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert field in streamed.value.details()
         assert replay.table.digest() == before
+
+
+def test_priority_stream_answers_in_order_and_stops_at_a_refused_request(replay):
+    """UpdatePrioritiesStream: one response per request, in order; a refused request ends the
+    stream, the ones before it stay applied and the ones after it are not applied."""
+    with replay.client() as client:
+        client.insert(transitions(10))
+        requests = [
+            _update(np.array([1, 2]), np.array([5.0, 6.0])),
+            _update(np.array([3, 42]), np.array([7.0, 1.0])),  # 42 was never written: stale
+            _update(np.array([4]), np.array([-1.0])),  # refused
+            _update(np.array([5]), np.array([9.0])),  # after the refusal: never read
+        ]
+        call = client.stub.UpdatePrioritiesStream(iter(requests), timeout=5)
+        answers = []
+        with pytest.raises(grpc.RpcError) as caught:
+            for response in call:
+                answers.append((response.updated, response.stale))
+        info = client.info()  # applies what the replay staged
+    assert answers == [(2, 0), (1, 1)]
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert caught.value.details().startswith("priorities")
+    assert (info.priority_updates, info.stale_priority_updates) == (3, 1)
+    np.testing.assert_array_equal(replay.table.priorities[[1, 2, 3, 4, 5]], [5, 6, 7, 1, 1])
+
+
+def test_acked_stream_fails_only_the_refused_request_and_resends_the_rest(replay):
+    """Requests pipelined on one AckedStream: the replay refuses the second; the first has its
+    answer, the second its INVALID_ARGUMENT, the third (never read) StreamEnded, which reads
+    as UNAVAILABLE, so ReplayClient sends it again on a new stream."""
+    with replay.client() as client:
+        client.insert(transitions(10))
+        stream = AckedStream(client.stub.UpdatePrioritiesStream)
+        futures = [
+            stream.send(_update(np.array([1]), np.array([2.0]))),
+            stream.send(_update(np.array([2]), np.array([np.nan]))),
+            stream.send(_update(np.array([3]), np.array([4.0]))),
+        ]
+        assert AckedStream.ack(futures[0], 5).updated == 1
+        with pytest.raises(grpc.RpcError) as refused:
+            AckedStream.ack(futures[1], 5)
+        with pytest.raises(StreamEnded) as unread:
+            AckedStream.ack(futures[2], 5)
+        with pytest.raises(StreamEnded):  # an ended stream takes nothing more
+            AckedStream.ack(stream.send(_update(np.array([3]), np.array([4.0]))), 5)
+        stream.close()
+        info = client.info()
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert unread.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert info.priority_updates == 1
+    assert replay.table.priorities[3] == 1.0  # the unread request changed nothing
+
+
+def test_priority_updates_from_many_threads_share_one_stream(replay):
+    """ReplayClient.update_priorities from 4 threads: every update lands and is counted once,
+    over one UpdatePrioritiesStream call; a refused update among them fails only its caller."""
+    errors: list[grpc.RpcError] = []
+    with replay.client() as client:
+        client.insert(transitions(100))
+
+        def updates(offset: int) -> None:
+            for i in range(50):
+                keys = np.arange(offset, 100, 4)
+                client.update_priorities(keys, np.full(len(keys), float(i + 1)))
+                if offset == 0 and i == 25:
+                    try:
+                        client.update_priorities(np.array([0]), np.array([np.inf]))
+                    except grpc.RpcError as err:
+                        errors.append(err)
+
+        threads = [threading.Thread(target=updates, args=(k,)) for k in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        info = client.info()
+        started = stream_calls(replay.metrics_port, "UpdatePrioritiesStream")
+    assert [err.code() for err in errors] == [grpc.StatusCode.INVALID_ARGUMENT]
+    assert info.priority_updates == 4 * 50 * 25
+    np.testing.assert_array_equal(replay.table.priorities[:100], np.full(100, 50.0))
+    assert started == 2  # the refusal ended the first stream; the rest went on a second
 
 
 def test_health_and_reflection(replay):
@@ -314,26 +399,26 @@ def test_metrics_endpoint(replay):
     assert 'grpc_server_handling_seconds_bucket{grpc_code="OK",grpc_method="Insert"' in text
 
 
+def stream_calls(metrics_port: int, method: str) -> float:
+    """Calls of `method` the replay has started (grpc_server_started_total)."""
+    lines = [line for line in metrics_text(metrics_port).splitlines()
+             if line.startswith("grpc_server_started_total") and f'grpc_method="{method}"' in line]  # fmt: skip
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+
 def test_inserts_share_one_stream_and_a_refused_one_does_not_poison_the_next(replay):
     """ReplayClient keeps one Insert stream open; a refused request ends that stream (as the
     contract says) and the next insert opens a new one."""
-
-    def insert_calls() -> float:
-        text = metrics_text(replay.metrics_port)
-        lines = [line for line in text.splitlines()
-                 if line.startswith("grpc_server_started_total") and 'grpc_method="Insert"' in line]  # fmt: skip
-        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
-
     with replay.client() as client:
         for start in range(0, 50, 5):
             client.insert(transitions(5, start=start))
-        assert insert_calls() == 1
+        assert stream_calls(replay.metrics_port, "Insert") == 1
         bad = transitions(2, start=50) | {"reward": np.zeros(2, np.float64)}
         with pytest.raises(grpc.RpcError) as caught:
             client.insert(bad)
         assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert client.insert(transitions(3, start=50)).table_size == 53
-        assert insert_calls() == 2
+        assert stream_calls(replay.metrics_port, "Insert") == 2
 
 
 @pytest.mark.parametrize("wait", [-1.0, float("nan")])
