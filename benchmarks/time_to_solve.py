@@ -24,7 +24,14 @@ travel with the best model). For these the figure is *training* time, from the f
 on both sides, start-up (launch to first env step) reported on its own: apexrl's stepping starts
 at the metrics.csv row before the first with env steps (conservative: up to one row early; from
 launch, `seconds_counted_from`, where the first row already has env steps), SB3's when `learn`
-starts. One SB3 run per env and seed serves both of an env's tasks in one run.
+starts. It ends where the policy that solved it was trained, evaluation excluded on both sides:
+SB3's clock stops when it evaluates the policy it has just trained (after the rollout it
+collected with it), minus all time spent evaluating; apexrl's when its learner published the
+version that its evaluator then found to solve it (the first metrics.csv row showing that
+version: up to one row, 0.5 s, late). apexrl's evaluator plays at most one version a second, so
+a version before it may already have solved it (conservative). When local mode saw it solved
+(the evaluator's 10 + 50 episodes and their report included) is `seen_solved_seconds`. One SB3
+run per env and seed serves both of an env's tasks in one run.
 
 Protocol for both (apexrl's evaluator, reproduced for SB3): each new policy plays 10 greedy
 episodes; one that beats the best score so far plays 50 more on fresh seeds and is scored by
@@ -141,7 +148,7 @@ def run_apexrl(task: dict, seed: int, budget: float, workdir: Path) -> dict:
     )  # fmt: skip
     wall = time.monotonic() - started
     last = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr[-500:]
-    match = re.match(r"solved in ([\d.]+) s \(([\d,]+) env steps\)", last)
+    match = re.match(r"solved in ([\d.]+) s \(([\d,]+) env steps\) by version (\d+)", last)
     rows = []  # none when local mode failed before it began monitoring: `last_line` says why
     if (run_dir / "metrics.csv").exists():
         with open(run_dir / "metrics.csv") as fh:
@@ -166,18 +173,26 @@ def run_apexrl(task: dict, seed: int, budget: float, workdir: Path) -> dict:
         None,
     )
     fresh = fresh_apexrl(run_dir / "checkpoints") if match else {}
+    solved_at = (float(match.group(1)), int(match.group(2).replace(",", ""))) if match else None
     clock = {}
     if task.get("from_first_step"):
         clock = {
-            "seconds_from_launch": float(match.group(1)) if match else None,
+            "seconds_from_launch": solved_at[0] if match else None,
             "startup_seconds": round(startup, 1) if startup is not None else None,
             "seconds_counted_from": "first env step" if startup is not None else "launch",
         }
+        if match:
+            # Training time, as SB3's clock counts it (evaluation excluded): until the learner
+            # published the solving version. The first row showing it: up to one row late.
+            version = int(match.group(3))
+            row = next(r for r in rows if float(r["parameter_version"]) >= version)
+            clock["seen_solved_seconds"] = round(solved_at[0] - zero, 3)  # evaluation included
+            solved_at = (float(row["seconds"]), int(float(row["env_steps"])))
     return {
         "system": f"apexrl-{task['algorithm']}", "env": task["env"], "seed": seed,
         "solved": bool(match),
-        "seconds": round(float(match.group(1)) - zero, 3) if match else None,
-        "env_steps": int(match.group(2).replace(",", "")) if match else None,
+        "seconds": round(solved_at[0] - zero, 3) if match else None,
+        "env_steps": solved_at[1] if match else None,
         "first_10_episode_target_seconds": (
             round(float(first_10["seconds"]) - zero, 3) if first_10 else None
         ),
@@ -341,6 +356,9 @@ def summarize(runs: list[dict]) -> dict:
     seconds = [r["seconds"] for r in solved]
     startups = [r["startup_seconds"] for r in runs if r.get("startup_seconds") is not None]
     startup = {"median_startup_seconds": statistics.median(startups)} if startups else {}
+    seen = [r["seen_solved_seconds"] for r in solved if "seen_solved_seconds" in r]
+    if seen and len(solved) == len(runs):  # when local mode saw it, evaluation included
+        startup["median_seen_solved_seconds"] = statistics.median(seen)
     return {
         "seeds": len(runs), "solved": len(solved),
         "median_seconds": statistics.median(seconds) if len(solved) == len(runs) else None,

@@ -2,7 +2,8 @@
 
 - prefetch: a server-streamed SampleStream from replay, decoded to tensors on the device into
   a bounded queue, so the step waits on the network only when replay cannot keep up; compressed
-  frames are decompressed here (zstd releases the GIL), into pinned memory on CUDA;
+  frames are decompressed here (zstd releases the GIL), into pinned memory on CUDA (impala
+  samples its queue one call per batch; ppo samples in the train thread, as its batch needs);
 - train (the caller's thread): the algorithm's update step; it hands new priorities to
 - priorities: writes them back to replay, coalescing what queued up meanwhile, never
   stalling the step.
@@ -164,9 +165,15 @@ class Learner:
         batches: queue.Queue = queue.Queue(maxsize=self.config.prefetch)
         priorities: queue.Queue = queue.Queue()
         threads = [
-            threading.Thread(target=self._prefetch, args=(replay, batches), daemon=True),
-            threading.Thread(target=self._write_priorities, args=(replay, priorities), daemon=True),
+            threading.Thread(target=self._write_priorities, args=(replay, priorities), daemon=True)
         ]
+        in_turn = None  # ppo: sampled in this thread, see _current_version
+        if self.algorithm.current_version_only:
+            in_turn = self._decoded(self._one_call_each(replay, self._missing))
+        else:
+            threads.append(
+                threading.Thread(target=self._prefetch, args=(replay, batches), daemon=True)
+            )
         self.helpers = threads  # joined on shutdown: none may be inside gRPC when Python exits
         for thread in threads:
             thread.start()
@@ -180,16 +187,19 @@ class Learner:
                 )
                 break
             started = time.perf_counter()
-            try:
-                item = batches.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            if isinstance(item, BaseException):
-                raise item
-            if self.algorithm.current_version_only:
-                item = self._current_version(item)
+            if in_turn is not None:
+                item = next(in_turn, None)  # None: stopping
+                if item is not None:
+                    item = self._current_version(item)
                 if item is None:
                     continue
+            else:
+                try:
+                    item = batches.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
             waited += time.perf_counter() - started
             self.metrics.wait_seconds.inc(time.perf_counter() - started)
             self._update(*item, priorities)
@@ -202,11 +212,17 @@ class Learner:
                 self.checkpoint()
                 last_checkpoint = time.monotonic()
         priorities.put(None)
-        threads[1].join(10)
+        threads[0].join(10)
 
     def _current_version(self, item):
         """ppo: the batch's unrolls of the current version, gathered over sampled batches until
-        there are batch_size of them (older ones are dropped and counted); None until then."""
+        there are batch_size of them (older ones are dropped and counted); None until then.
+
+        The training thread samples them itself, each call asking for exactly the unrolls the
+        batch still lacks (_missing). Sampling ahead, or a full batch_size, waits on unrolls no
+        actor writes until the learner publishes whenever older unrolls fill part of a batch
+        (an actor that acted again while it waited): the learner then stalled until the
+        actors' VERSION_WAIT ran out, and stayed in that step, about a version a second."""
         columns, weights, keys = item
         current = (columns["version"] == self.store.version).cpu().numpy()
         self.metrics.stale_unrolls.inc(int((~current).sum()))
@@ -244,21 +260,29 @@ class Learner:
         m.weight_mean.set(float(weights.mean()))
         m.weight_min.set(float(weights.min()))
 
+    def _missing(self) -> int:
+        return self.config.batch_size - sum(len(keys) for *_, keys in self._gathered)
+
+    def _decoded(self, sampled: Iterator) -> Iterator:
+        """Sampled batches as tensors on the device (to_device); the first one's columns
+        checked; a batch whose every item's frames were damaged skipped."""
+        checked = False
+        for batch in sampled:
+            if not checked:
+                self.check_columns(batch.columns)
+                checked = True
+            item = self.to_device(batch)
+            if len(item[2]):
+                yield item
+
     def _prefetch(self, replay: ReplayClient, batches: queue.Queue) -> None:
         sampled = (
-            self._one_call_each(replay)
+            self._one_call_each(replay, lambda: self.config.batch_size)
             if self.algorithm.unrolls
             else replay.sample_stream(self.config.batch_size, self.config.beta)
         )
         try:
-            checked = False
-            for batch in sampled:
-                if not checked:
-                    self.check_columns(batch.columns)
-                    checked = True
-                item = self.to_device(batch)
-                if not len(item[2]):  # every item's frames were damaged
-                    continue
+            for item in self._decoded(sampled):
                 while not self.stop.is_set():
                     try:
                         batches.put(item, timeout=0.5)
@@ -271,14 +295,14 @@ class Learner:
             if not self.stop.is_set():
                 batches.put(err)
 
-    def _one_call_each(self, replay: ReplayClient) -> Iterator:
-        """A queue table's batches, one Sample call each, made when the prefetch queue has room.
-        A stream would keep sampling into gRPC's buffers while the learner trains; sampled
-        unrolls leave the queue, so a slow learner would empty it (the actors, no longer held
-        back, race ahead) and lose every buffered batch when it stops."""
+    def _one_call_each(self, replay: ReplayClient, size: Callable[[], int]) -> Iterator:
+        """A queue table's batches of size() items, one Sample call each, made when the
+        consumer asks for the next. A stream would keep sampling into gRPC's buffers while the
+        learner trains; sampled unrolls leave the queue, so a slow learner would empty it (the
+        actors, no longer held back, race ahead) and lose every buffered batch when it stops."""
         while not self.stop.is_set():
             try:
-                yield replay.sample(self.config.batch_size, self.config.beta)
+                yield replay.sample(size(), self.config.beta)
             except grpc.RpcError as err:  # the queue lacked a batch until the deadline: again
                 if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                     raise

@@ -118,6 +118,52 @@ def test_an_on_policy_learner_takes_only_the_batches_it_can_hold(replay_factory)
     assert [len(batches.get_nowait()[2]) for _ in range(2)] == [8, 8]
 
 
+def test_ppo_asks_for_exactly_the_unrolls_its_batch_lacks(replay_factory):
+    """ppo drops unrolls of older versions and gathers current ones until it has batch_size.
+    With 4 old unrolls ahead of 4 current ones (an actor that acted twice on a version), a
+    sample of a whole batch takes 4 + 4, and another whole batch would wait for 4 more unrolls
+    that no actor writes before the next version (the learner stalled each version until the
+    actors' 1 s VERSION_WAIT ran out). Asking for the 4 it lacks trains at once."""
+    import prometheus_client
+
+    from apexrl import algorithms
+    from apexrl.learner.metrics import LearnerMetrics
+    from apexrl.learner.parameters import ParameterStore
+    from apexrl.learner.training import Learner
+
+    config = LearnerConfig(algorithm="ppo", env="CartPole-v1", batch_size=8, max_updates=1)
+    columns = algorithms.transition_columns(config)
+    server = replay_factory(
+        capacity=64, sampler="fifo", remover="none", max_times_sampled=1, rate_limiter="queue",
+        signature=",".join(c.spec() for c in columns),
+    )  # fmt: skip
+    registry = prometheus_client.CollectorRegistry()
+    learner = Learner(config, algorithms.make(config), LearnerMetrics(registry), ParameterStore())
+    current = learner.store.version
+
+    def unrolls(n: int, version: int) -> dict[str, np.ndarray]:
+        batch = {c.name: np.zeros((n, *c.shape), c.dtype) for c in columns}
+        batch["version"][:] = version
+        batch["discounts"][:] = 0.99
+        return batch
+
+    with ReplayClient(server.address, timeout=10) as writer, ReplayClient(server.address) as replay:
+        writer.insert(unrolls(4, version=current - 1))
+        writer.insert(unrolls(8, version=current))
+        trainer = threading.Thread(target=learner.train, args=(replay,), daemon=True)
+        trainer.start()
+        trainer.join(15)
+        stuck = trainer.is_alive()
+        learner.stop.set()
+        replay.close()
+        trainer.join(10)
+        info = writer.info()
+    assert not stuck, "ppo waited for unrolls its batch did not need"
+    assert learner.update_step == 1 and learner.samples_consumed == 8
+    assert (info.samples, info.size) == (12, 0)
+    assert registry.get_sample_value("apexrl_learner_stale_unrolls_dropped_total") == 4
+
+
 def test_learner_trains_checkpoints_on_sigterm_and_resumes_exactly(
     service_process, filled_replay, tmp_path
 ):
