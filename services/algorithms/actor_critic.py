@@ -54,7 +54,11 @@ class ActorCriticNetwork(nn.Module):
                     nn.init.zeros_(layer.bias)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.logits(self.policy_torso(obs)), self.value(self.value_torso(obs)).squeeze(-1)
+        return self.policy(obs), self.value(self.value_torso(obs)).squeeze(-1)
+
+    def policy(self, obs: torch.Tensor) -> torch.Tensor:
+        """The logits alone (acting needs no value: half the forward pass)."""
+        return self.logits(self.policy_torso(obs))
 
 
 class ActorCriticPolicy(Policy):
@@ -69,13 +73,13 @@ class ActorCriticPolicy(Policy):
         if exploration > 0:
             return self.sample(obs, rng)[0]
         with torch.no_grad():
-            return self.net(torch.from_numpy(obs))[0].argmax(1).numpy()
+            return self.net.policy(torch.from_numpy(obs)).argmax(1).numpy()
 
     def sample(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """Actions drawn from the policy (with the actor's numpy generator) and their
         log-probabilities, float32 [B]."""
         with torch.no_grad():
-            log_probs = torch.log_softmax(self.net(torch.from_numpy(obs))[0], 1).numpy()
+            log_probs = torch.log_softmax(self.net.policy(torch.from_numpy(obs)), 1).numpy()
         cumulative = np.cumsum(np.exp(log_probs), axis=1)
         draws = rng.random(len(obs)) * cumulative[:, -1]
         actions = np.minimum((cumulative < draws[:, None]).sum(1), log_probs.shape[1] - 1)
