@@ -22,7 +22,6 @@ import time
 import tomllib
 import urllib.request
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -80,10 +79,6 @@ ON_POLICY_DEFAULTS = {
     },
 }  # fmt: skip
 
-# The evaluator's CPU priority below the training processes (nice), so that on a small
-# machine its greedy episodes slow neither the learner nor the actors.
-EVALUATOR_NICE = 10
-
 # Targets for envs gymnasium gives no reward_threshold (mean return of the best model).
 TARGETS = {"Pendulum-v1": -200.0}
 
@@ -120,15 +115,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _child(nice: int) -> None:
-    """In the child: get SIGTERM if local mode dies, even by SIGKILL (Linux); lower the CPU
-    priority by `nice`."""
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if local mode dies, even by SIGKILL (Linux)."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
-    if nice:
-        os.nice(nice)
 
 
 @dataclass
@@ -177,15 +169,14 @@ class Run:
         self.config_path.write_text(dump_toml(settings))
         self.settings = settings
 
-    def launch(self, name: str, command: str, *flags: str, nice: int = 0) -> Child:
-        """Starts `apexrl <command>`; nice > 0 lowers its CPU priority by that much."""
+    def launch(self, name: str, command: str, *flags: str) -> Child:
         ready = self.run_dir / "ready" / f"{name}.json"
         ready.unlink(missing_ok=True)  # a reused run folder holds the previous run's ports
         args = [sys.executable, "-m", "apexrl.cli", command, "--config", str(self.config_path)]
         args += ["--host", "127.0.0.1", "--metrics-port", "0", "--ready-file", str(ready), *flags]
         with open(self.run_dir / "logs" / f"{name}.log", "w") as log_file:
             process = subprocess.Popen(
-                args, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=partial(_child, nice)
+                args, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
             )
         child = Child(name, process, {}, ready)
         self.children.append(child)
@@ -233,8 +224,7 @@ class Run:
             self.launch(
                 f"actor-{i}", "actor", "--replay", replay_address, "--learner", learner_address
             )
-        # Evaluating is a side job: it takes the CPU that training leaves idle.
-        self.launch("evaluator", "evaluator", "--learner", learner_address, nice=EVALUATOR_NICE)
+        self.launch("evaluator", "evaluator", "--learner", learner_address)
         self.wait_ready(self.children)
 
     def shard_flags(self, shard: int) -> list[str]:

@@ -129,8 +129,7 @@ def test_local_mode_solves_cartpole_on_policy(tmp_path, algorithm):
 
 
 def test_local_mode_stops_every_child_on_sigint(tmp_path):
-    """With 2 replay shards: both serve (each holds transitions), and both stop. The evaluator
-    runs 10 nice levels below the other services."""
+    """With 2 replay shards: both serve (each holds transitions), and both stop."""
     run_dir = tmp_path / "run"
     local = subprocess.Popen(
         [sys.executable, "-m", "apexrl.cli", "local", "--run-dir", str(run_dir), "--target-return", "1e9",
@@ -142,10 +141,7 @@ def test_local_mode_stops_every_child_on_sigint(tmp_path):
         wait_for(
             lambda: csv.exists() and len(csv.read_text().splitlines()) > 2, 120, "progress rows"
         )
-        children = leftover_processes(str(run_dir))
-        assert len(children) >= 7  # local + 6 services
-        nice = {p.info["cmdline"][3]: p.nice() for p in children if "-m" in p.info["cmdline"]}
-        assert nice["evaluator"] == nice["learner"] + 10 == nice["replay"] + 10, nice
+        assert len(leftover_processes(str(run_dir))) >= 7  # local + 6 services
         for shard in (0, 1):  # each shard's own ready file gives its metrics port
             ready = read_ready_file(run_dir / "ready" / f"replay-{shard}.json")
             wait_for(lambda p=ready["metrics_port"]: metric(p, "apexrl_replay_size") > 0, 60,
