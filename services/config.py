@@ -251,6 +251,11 @@ class LearnerConfig(AgentConfig, ClientTLSConfig, ServeConfig):
     )
     epochs: int = option(10, "ppo: passes over each fresh batch (1, with clip_range 0: A2C)")
     minibatches: int = option(4, "ppo: minibatches per epoch")
+    passes: int = option(
+        1,
+        "impala: gradient steps on each batch of unrolls (1: as published; more reuse each"
+        " unroll, V-trace correcting for the policy having moved)",
+    )
     threads: int = option(1, "torch CPU threads (one process per core keeps 2-core machines fair)")
 
 

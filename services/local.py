@@ -63,7 +63,8 @@ ATARI_DEFAULTS = {
 # while it is full). 2 actors x 4 envs x 32 steps = 8 unrolls = 256 steps per batch: the
 # rl-baselines3-zoo's CartPole PPO (8 envs x 32 steps, 20 epochs of one minibatch, GAE lambda
 # 0.8, Adam 1e-3, no entropy bonus, gradient norm clipped at 0.5 (SB3's default); its gamma
-# 0.98 and linear decays are not copied).
+# 0.98 and linear decays are not copied). impala takes 2 gradient steps on each batch
+# (algorithms/impala/algorithm.py says why).
 QUEUE = {"sampler": "fifo", "remover": "none", "max_times_sampled": 1, "rate_limiter": "queue"}
 ON_POLICY_DEFAULTS = {
     "ppo": {
@@ -74,7 +75,7 @@ ON_POLICY_DEFAULTS = {
     },
     "impala": {
         "replay": {**QUEUE, "capacity": 64},
-        "learner": {"batch_size": 8, "learning_rate": 1e-3, "entropy_cost": 0.01},
+        "learner": {"batch_size": 8, "learning_rate": 1e-3, "entropy_cost": 0.01, "passes": 2},
         "actor": {"num_envs": 4},
     },
 }  # fmt: skip

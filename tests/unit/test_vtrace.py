@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -155,3 +156,29 @@ def test_impala_loss_by_hand():
         ]
     )
     close(logits.grad, want)
+
+
+@pytest.mark.parametrize("passes", [1, 3])
+def test_impala_takes_passes_gradient_steps_on_each_batch(passes):
+    """passes = n: n Adam steps on one batch."""
+    from apexrl import algorithms
+    from apexrl.config import LearnerConfig
+
+    config = LearnerConfig(algorithm="impala", env="CartPole-v1", batch_size=4, passes=passes)
+    learning = algorithms.make(config).learning(config, torch.device("cpu"))
+    rng = np.random.default_rng(0)
+    batch = {c.name: torch.from_numpy(rng.random((4, *c.shape)).astype(c.dtype))
+             for c in algorithms.transition_columns(config)}  # fmt: skip
+    batch["actions"] = torch.from_numpy(rng.integers(0, 2, (4, config.unroll_length)))
+    learning.update(batch, torch.ones(4), 1)
+    steps = {int(state["step"]) for state in learning.optimizer.state.values()}
+    assert steps == {passes}
+
+
+def test_impala_refuses_passes_below_one():
+    from apexrl import algorithms
+    from apexrl.config import LearnerConfig
+
+    config = LearnerConfig(algorithm="impala", env="CartPole-v1", passes=0)
+    with pytest.raises(ValueError, match="^passes"):
+        algorithms.make(config).learning(config, torch.device("cpu"))

@@ -1,5 +1,11 @@
 """IMPALA (Espeholt et al. 2018): actors sample their policy into unrolls, the learner trains
-on them in the order they come, whatever version acted, with V-trace correcting the lag."""
+on them in the order they come, whatever version acted, with V-trace correcting the lag.
+
+`passes` > 1 takes that many gradient steps on each batch, V-trace recomputed each time from
+the learner's current policy: each unroll is reused, the later steps' policy lag being one
+more thing V-trace corrects (the paper's own replay experiments reuse unrolls too). Local mode
+takes 2, which about halved impala's time to solve CartPole-v1 and Acrobot-v1 (README).
+"""
 
 import torch
 
@@ -8,7 +14,17 @@ from apexrl.algorithms.impala.vtrace import impala_loss, vtrace
 
 
 class IMPALALearning(UnrollLearning):
+    def __init__(self, build, config, device):
+        if config.passes < 1:
+            raise ValueError(f"passes: must be >= 1, got {config.passes}")
+        super().__init__(build, config, device)
+
     def update(self, batch, weights, step):
+        for _ in range(self.config.passes - 1):
+            self._pass(batch)
+        return self._pass(batch)
+
+    def _pass(self, batch):
         logits, values, bootstrap = self.forward(batch)
         actions = self.time_major(batch, "actions")
         target_log_probs = torch.log_softmax(logits, -1).gather(-1, actions.unsqueeze(-1))
