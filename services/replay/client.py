@@ -264,10 +264,7 @@ class ReplayClient(GrpcClient):
         """
         wait = self.timeout if max_wait is None else min(max_wait, self.timeout)
         request = insert_request(self.table, columns, priorities, wait)
-        return self._retry(lambda: self._insert(request), "insert")
-
-    def _insert(self, request: replay_pb2.InsertRequest) -> replay_pb2.InsertResponse:
-        return self._over_stream("Insert", request)
+        return self._retry(lambda: self._over_stream("Insert", request), "insert")
 
     def _over_stream(self, rpc: str, request):
         """Sends one request over the client's long-lived `rpc` stream and waits for its

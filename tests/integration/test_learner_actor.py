@@ -78,12 +78,9 @@ def test_sigterm_answers_a_waiting_long_poll(service_process):
     replay.stop()
 
 
-def test_an_on_policy_learner_takes_only_the_batches_it_can_hold(replay_factory):
-    """Sampled unrolls leave a queue table, so the learner must not sample ahead of its
-    prefetch queue: with the queue full and nothing trained, exactly the batches it holds (and
-    the one waiting to go in) have left the table, and stopping it loses nothing else. (A
-    server stream kept sampling into gRPC's buffers: a slow Atari learner emptied the queue
-    that way, 544 unrolls sampled for 48 trained.)"""
+def queue_learner(replay_factory, config: LearnerConfig):
+    """An in-process Learner for `config` (impala or ppo) and a replay holding a queue of its
+    unrolls (capacity 64): (learner, replay server, unroll columns, metrics registry)."""
     import prometheus_client
 
     from apexrl import algorithms
@@ -91,17 +88,25 @@ def test_an_on_policy_learner_takes_only_the_batches_it_can_hold(replay_factory)
     from apexrl.learner.parameters import ParameterStore
     from apexrl.learner.training import Learner
 
-    config = LearnerConfig(algorithm="impala", env="CartPole-v1", batch_size=8, prefetch=2)
     columns = algorithms.transition_columns(config)
     server = replay_factory(
         capacity=64, sampler="fifo", remover="none", max_times_sampled=1, rate_limiter="queue",
         signature=",".join(c.spec() for c in columns),
     )  # fmt: skip
+    registry = prometheus_client.CollectorRegistry()
+    learner = Learner(config, algorithms.make(config), LearnerMetrics(registry), ParameterStore())
+    return learner, server, columns, registry
+
+
+def test_an_on_policy_learner_takes_only_the_batches_it_can_hold(replay_factory):
+    """Sampled unrolls leave a queue table, so the learner must not sample ahead of its
+    prefetch queue: with the queue full and nothing trained, exactly the batches it holds (and
+    the one waiting to go in) have left the table, and stopping it loses nothing else. (A
+    server stream kept sampling into gRPC's buffers: a slow Atari learner emptied the queue
+    that way, 544 unrolls sampled for 48 trained.)"""
+    config = LearnerConfig(algorithm="impala", env="CartPole-v1", batch_size=8, prefetch=2)
+    learner, server, columns, _ = queue_learner(replay_factory, config)
     unroll = {c.name: np.zeros((1, *c.shape), c.dtype) for c in columns}
-    learner = Learner(
-        config, algorithms.make(config), LearnerMetrics(prometheus_client.CollectorRegistry()),
-        ParameterStore(),
-    )  # fmt: skip
     batches: queue.Queue = queue.Queue(maxsize=config.prefetch)
     with ReplayClient(server.address, timeout=10) as writer, ReplayClient(server.address) as replay:
         for _ in range(64):
@@ -124,21 +129,8 @@ def test_ppo_asks_for_exactly_the_unrolls_its_batch_lacks(replay_factory):
     sample of a whole batch takes 4 + 4, and another whole batch would wait for 4 more unrolls
     that no actor writes before the next version (the learner stalled each version until the
     actors' 1 s VERSION_WAIT ran out). Asking for the 4 it lacks trains at once."""
-    import prometheus_client
-
-    from apexrl import algorithms
-    from apexrl.learner.metrics import LearnerMetrics
-    from apexrl.learner.parameters import ParameterStore
-    from apexrl.learner.training import Learner
-
     config = LearnerConfig(algorithm="ppo", env="CartPole-v1", batch_size=8, max_updates=1)
-    columns = algorithms.transition_columns(config)
-    server = replay_factory(
-        capacity=64, sampler="fifo", remover="none", max_times_sampled=1, rate_limiter="queue",
-        signature=",".join(c.spec() for c in columns),
-    )  # fmt: skip
-    registry = prometheus_client.CollectorRegistry()
-    learner = Learner(config, algorithms.make(config), LearnerMetrics(registry), ParameterStore())
+    learner, server, columns, registry = queue_learner(replay_factory, config)
     current = learner.store.version
 
     def unrolls(n: int, version: int) -> dict[str, np.ndarray]:
