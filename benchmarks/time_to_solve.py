@@ -28,9 +28,11 @@ starts. It ends where the policy that solved it was trained, evaluation excluded
 SB3's clock stops when it evaluates the policy it has just trained (after the rollout it
 collected with it), minus all time spent evaluating; apexrl's when its learner published the
 version that its evaluator then found to solve it (the first metrics.csv row showing that
-version: up to one row, 0.5 s, late). apexrl's evaluator plays at most one version a second, so
-a version before it may already have solved it (conservative). When local mode saw it solved
-(the evaluator's 10 + 50 episodes and their report included) is `seen_solved_seconds`. One SB3
+version: up to one row, 0.5 s, late). As SB3's callback plays every policy, local mode's
+evaluator plays every version in order (its on-policy `window`), but never more than 30 behind
+the newest: the versions it skips to keep up (counted) may hold an earlier solver
+(conservative). When local mode saw it solved (the evaluator's 10 + 50 episodes, its lag and
+its report included) is `seen_solved_seconds`. One SB3
 run per env and seed serves both of an env's tasks in one run.
 
 Protocol for both (apexrl's evaluator, reproduced for SB3): each new policy plays 10 greedy

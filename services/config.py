@@ -233,7 +233,9 @@ class LearnerConfig(AgentConfig, ClientTLSConfig, ServeConfig):
     max_grad_norm: float = option(10.0, "gradient norm clipping")
     target_update_interval: int = option(50, "updates between target network syncs")
     beta: float = option(0.4, "importance-sampling exponent sent with each sample request")
-    publish_interval: int = option(10, "updates between parameter versions for actors")
+    publish_interval: int = option(
+        10, "updates between parameter versions for actors (ppo: every update, whatever this says)"
+    )
     prefetch: int = option(4, "sampled batches buffered ahead of the training step")
     lease_seconds: float = option(
         10.0, "actor lease length: an actor silent this long leaves the ladder"
@@ -255,6 +257,11 @@ class LearnerConfig(AgentConfig, ClientTLSConfig, ServeConfig):
         1,
         "impala: gradient steps on each batch of unrolls (1: as published; more reuse each"
         " unroll, V-trace correcting for the policy having moved)",
+    )
+    history_mb: float = option(
+        0.0,
+        "MB of recent parameter versions kept besides the newest, for evaluators that play"
+        " every version (evaluator window); 0 keeps the newest only",
     )
     threads: int = option(1, "torch CPU threads (one process per core keeps 2-core machines fair)")
 
@@ -296,6 +303,17 @@ class EvaluatorConfig(AgentConfig, ClientTLSConfig, ProcessConfig):
     )
     epsilon: float = option(0.0, "exploration during evaluation (0: greedy)")
     interval: float = option(1.0, "least seconds between evaluations (only new versions count)")
+    window: int = option(
+        0,
+        "play every version in order, at most this many behind the learner's newest (older"
+        " ones are skipped, counted; the learner keeps recent versions for it: its history_mb);"
+        " 0: the newest only",
+    )
+    nice: int = option(
+        0,
+        "lower this process's CPU priority by this much (0-19, os.nice): on cores shared with"
+        " training, evaluation then takes only the CPU that training leaves idle",
+    )
     threads: int = option(1, "torch CPU threads")
 
 

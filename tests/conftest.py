@@ -267,3 +267,42 @@ def filled_replay(service_process) -> "ServiceProcess":
 @pytest.fixture
 def replay_process(service_process):
     return lambda *flags: service_process("replay", *flags)
+
+
+@contextmanager
+def serve_in_thread(tmp_path, service, registry, **settings_) -> Iterator[str]:
+    """`serve` (the shared bootstrap: interceptor, limits, health) in a thread; yields its address."""
+    from apexrl.config import ServeConfig
+
+    ready = tmp_path / f"ready-{time.monotonic_ns()}.json"
+    config = ServeConfig(
+        host="127.0.0.1", port=0, metrics_port=0, grace_seconds=1.0, ready_file=str(ready)
+    )
+    for key, value in settings_.items():
+        setattr(config, key, value)
+    with serving_in_thread(config, service, registry) as ports:
+        yield f"127.0.0.1:{ports['port']}"
+
+
+@contextmanager
+def serve_learner(tmp_path, store, arrays: dict, config, **settings_) -> Iterator[tuple]:
+    """The real LearnerServicer behind `serve`, in a thread, without a training loop: the test
+    publishes into `store`; best-model reports must match `arrays`. Yields (address, servicer)."""
+    from apexrl import algorithms  # imports torch
+    from apexrl.common.serving import Service
+    from apexrl.learner.best import BestModel
+    from apexrl.learner.leases import Leases
+    from apexrl.learner.servicer import LearnerServicer
+    from apexrl.v1 import learner_pb2, learner_pb2_grpc
+
+    registry = prometheus_client.CollectorRegistry()
+    gauge = prometheus_client.Gauge("live_actors", "Actors holding a lease.", registry=registry)
+    best = BestModel(config, arrays)
+    servicer = LearnerServicer(store, Leases(30.0), gauge, best, algorithms.make(config))
+
+    def register(server) -> list[str]:
+        learner_pb2_grpc.add_LearnerServicer_to_server(servicer, server)
+        return [learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name]
+
+    with serve_in_thread(tmp_path, Service(register=register), registry, **settings_) as address:
+        yield address, servicer

@@ -196,8 +196,17 @@ def build() -> dashboard_models.Dashboard:
     builder.with_panel(
         graph(
             "Parameter version lag",
-            "How many versions the learner was ahead at each actor's last parameter pull.",
-            [query("max by (pod) (apexrl_actor_parameter_lag)", "{{pod}}")],
+            "How many versions the learner was ahead at each actor's last parameter pull, and of"
+            " the version the evaluator played last (with a window it plays every version, and"
+            " skips those further behind: skipped per second).",
+            [
+                query("max by (pod) (apexrl_actor_parameter_lag)", "{{pod}}"),
+                query("max(apexrl_evaluation_versions_behind)", "evaluator behind"),
+                query(
+                    "sum(rate(apexrl_evaluation_versions_skipped_total[1m]))",
+                    "evaluator skipped / s",
+                ),
+            ],
             span=THIRD,
         )
     )

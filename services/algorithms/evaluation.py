@@ -3,7 +3,7 @@
 import numpy as np
 
 from apexrl.algorithms.base import Policy
-from apexrl.algorithms.envs import EnvOptions, make_vector_env
+from apexrl.algorithms.envs import EnvOptions, make_env
 
 
 def evaluate(
@@ -16,14 +16,27 @@ def evaluate(
 ) -> np.ndarray:
     """Returns of `episodes` episodes played at once, one per env (episode k on seed seed + k),
     by `policy` with `exploration` (0: its evaluation policy). Returns are the env's own
-    rewards (an Atari game's score, never clipped)."""
-    envs, obs = make_vector_env(env_id, episodes, seed, options)
+    rewards (an Atari game's score, never clipped).
+
+    The envs whose episode is still running step together (one batched policy call a step);
+    an env whose episode ended steps no more. (A vector env would step them all to the end
+    of the longest episode: twice the env steps for CartPole's early policies.)"""
+    envs = [make_env(env_id, options) for _ in range(episodes)]
     rng = np.random.default_rng(seed)
-    returns = np.zeros(episodes)
-    running = np.ones(episodes, bool)  # each env counts its first episode only
-    while running.any():
-        obs, rewards, terminated, truncated, _ = envs.step(policy.act(obs, exploration, rng))
-        returns += rewards * running
-        running &= ~(terminated | truncated)
-    envs.close()
-    return returns
+    try:
+        obs = [env.reset(seed=seed + k)[0] for k, env in enumerate(envs)]
+        returns = np.zeros(episodes)
+        running = list(range(episodes))
+        while running:
+            actions = policy.act(np.stack([obs[k] for k in running]), exploration, rng)
+            still = []
+            for k, action in zip(running, actions, strict=True):
+                obs[k], reward, terminated, truncated, _ = envs[k].step(action)
+                returns[k] += reward
+                if not (terminated or truncated):
+                    still.append(k)
+            running = still
+        return returns
+    finally:
+        for env in envs:
+            env.close()

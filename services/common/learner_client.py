@@ -24,6 +24,7 @@ class Parameters:
     actor_index: int
     num_actors: int
     algorithm: str  # the learner's
+    newest_version: int = 0  # the learner's newest (> version when in_order answered older)
 
 
 class LearnerClient(GrpcClient):
@@ -38,12 +39,14 @@ class LearnerClient(GrpcClient):
         actor_id: str = "",
         have_lineage: int = 0,
         wait_seconds: float = 0.0,
+        in_order: bool = False,
     ) -> Parameters:
         """The newest parameters (none if have_version/have_lineage are the newest);
-        wait_seconds > 0: a long poll, answered when a newer version is published or then."""
+        wait_seconds > 0: a long poll, answered when a newer version is published or then;
+        in_order: the version after have_version while the learner keeps it (learner.proto)."""
         request = learner_pb2.GetParametersRequest(
             have_version=have_version, actor_id=actor_id, have_lineage=have_lineage,
-            wait_seconds=wait_seconds,
+            wait_seconds=wait_seconds, in_order=in_order,
         )  # fmt: skip
         timeout = self.timeout + wait_seconds
         response = self._retry(
@@ -61,6 +64,7 @@ class LearnerClient(GrpcClient):
             actor_index=response.actor_index,
             num_actors=response.num_actors,
             algorithm=response.algorithm,
+            newest_version=response.newest_version,
         )
 
     def report_evaluation(

@@ -1,5 +1,11 @@
 """The evaluator: plays each new parameter version greedily and reports the mean return.
 
+It plays the newest version, at most one every `interval` seconds; with a `window` it plays
+every version in order, as a single-process trainer that evaluates after each training round
+does, from the recent versions the learner keeps (its history_mb). Slower than the learner,
+it falls behind, but never more than `window` versions: those further back are skipped, as
+are versions the learner no longer keeps, and counted.
+
 A version whose evaluation beats the best score so far plays a second, longer round on fresh
 seeds (confirm_episodes); scored by the mean over both rounds, it is sent with its parameters
 to the learner, which keeps the best one as a checkpoint (learner/best.py). Every episode
@@ -8,6 +14,7 @@ runs on a seed of its own, counting up from the evaluator's seed.
 
 import logging
 import math
+import os
 import threading
 import time
 
@@ -24,6 +31,8 @@ from apexrl.common.learner_client import LearnerClient
 from apexrl.config import EvaluatorConfig
 
 log = logging.getLogger(__name__)
+
+POLL_SECONDS = 1.0  # long poll for the next version (the learner answers when it publishes)
 
 
 class EvaluatorMetrics:
@@ -47,6 +56,15 @@ class EvaluatorMetrics:
         self.report_failures = metric(
             C, "report_failures", "Best-model candidates the learner could not keep (see the log)."
         )
+        self.skipped = metric(
+            C,
+            "versions_skipped",
+            "Versions never played: published between two evaluations, or (every_version) no"
+            " longer kept by the learner when their turn came.",
+        )
+        self.behind = metric(
+            G, "versions_behind", "Versions the learner had published after the one last played."
+        )
 
 
 def run(
@@ -56,12 +74,18 @@ def run(
     metrics: EvaluatorMetrics | None = None,
 ) -> None:
     """metrics: registered by the caller before the ready file, so every scrape sees them."""
+    if config.window < 0:
+        raise ValueError(f"window: must be >= 0 (0: the newest version only), got {config.window}")
+    if not 0 <= config.nice <= 19:
+        raise ValueError(f"nice: must be 0 to 19, got {config.nice}")
+    os.nice(config.nice)
     torch.set_num_threads(config.threads)
     m = metrics or EvaluatorMetrics(registry)
     algorithm = algorithms.make(config)
     policy = algorithm.policy()
     learner = LearnerClient(config.learner, retry_seconds=1.0, tls=config)
     version, lineage, backoff, next_seed = 0, 0, Backoff(cap=2.0), config.seed
+    newest = 0  # the learner's newest version at the last answer
     best = -math.inf  # the best score the learner keeps (from its answers)
 
     def play(episodes: int) -> np.ndarray:
@@ -76,14 +100,16 @@ def run(
         while not stop.is_set():
             started = time.monotonic()
             try:
-                params = learner.get_parameters(version, have_lineage=lineage)
+                params = learner.get_parameters(
+                    max(version, newest - config.window) if config.window else version,
+                    have_lineage=lineage, wait_seconds=POLL_SECONDS, in_order=config.window > 0,
+                )  # fmt: skip
             except Exception as err:  # learner away: wait and retry
                 log.info("evaluator: learner unavailable (%s)", err)
                 stop.wait(backoff.next_delay())
                 continue
             backoff.reset()
-            if not params.arrays:  # nothing new to evaluate
-                stop.wait(config.interval)
+            if not params.arrays:  # nothing new within the long poll: ask again
                 continue
             if params.algorithm != algorithm.name:
                 raise ValueError(
@@ -91,7 +117,10 @@ def run(
                     f" {config.learner} runs {params.algorithm}"
                 )
             policy.load(params.arrays)
-            version, lineage = params.version, params.lineage
+            if params.lineage == lineage:
+                m.skipped.inc(params.version - version - 1)
+            m.behind.set(params.newest_version - params.version)
+            version, lineage, newest = params.version, params.lineage, params.newest_version
             first_seed = next_seed
             returns = play(config.episodes)
             for value in returns:

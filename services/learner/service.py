@@ -1,11 +1,13 @@
 """The learner service: trains an algorithm from replay in a thread (learner/training.py) and
 serves its parameters, leases and evaluation reports over gRPC (learner/servicer.py).
 
-The asyncio loop serves GetParameters from the newest published version, encoded once.
+The asyncio loop serves GetParameters from the newest published version, encoded once (or,
+to evaluators that play every version, from the recent ones history_mb keeps).
 """
 
 import asyncio
 import logging
+import math
 import os
 import threading
 
@@ -31,7 +33,10 @@ def build(
 ) -> tuple[Service, Learner]:
     algorithm = algorithms.make(config)
     metrics = LearnerMetrics(registry)
-    store, leases = ParameterStore(), Leases(config.lease_seconds)
+    if not config.history_mb >= 0 or not math.isfinite(config.history_mb):
+        raise ValueError(f"history_mb: must be finite and >= 0, got {config.history_mb}")
+    store = ParameterStore(int(config.history_mb * 2**20))
+    leases = Leases(config.lease_seconds)
     learner = Learner(config, algorithm, metrics, store)
     best = BestModel(config, learner.learning.parameters())
     servicer = LearnerServicer(store, leases, metrics.live_actors, best, algorithm)

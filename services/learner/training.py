@@ -7,7 +7,8 @@
 - train (the caller's thread): the algorithm's update step; it hands new priorities to
 - priorities: writes them back to replay, coalescing what queued up meanwhile, never
   stalling the step.
-Every publish_interval updates the algorithm's parameters become a new version.
+Every publish_interval updates the algorithm's parameters become a new version (ppo's every
+update: its actors wait for each).
 """
 
 import logging
@@ -244,12 +245,14 @@ class Learner:
         self.update_step += 1
         self.samples_consumed += len(keys)
         td_errors = td_errors.cpu().numpy()
-        if self.algorithm.unrolls:  # consumed once, in order: no priorities; every update is
-            self.publish()  # a version (ppo's actors wait for it)
-        else:
+        if not self.algorithm.unrolls:  # unrolls are consumed once, in order: no priorities
             priorities.put((keys, td_errors + self.config.priority_epsilon))
-            if self.update_step % self.config.publish_interval == 0:
-                self.publish()
+        # ppo's actors wait for every version; the others take the newest when they pull
+        if (
+            self.algorithm.current_version_only
+            or self.update_step % self.config.publish_interval == 0
+        ):
+            self.publish()
         m = self.metrics
         m.updates.inc()
         m.update_step.set(self.update_step)

@@ -8,19 +8,21 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GetParametersRequest(_message.Message):
-    __slots__ = ("have_version", "actor_id", "have_lineage", "wait_seconds")
+    __slots__ = ("have_version", "actor_id", "have_lineage", "wait_seconds", "in_order")
     HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     HAVE_LINEAGE_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    IN_ORDER_FIELD_NUMBER: _ClassVar[int]
     have_version: int
     actor_id: str
     have_lineage: int
     wait_seconds: float
-    def __init__(self, have_version: _Optional[int] = ..., actor_id: _Optional[str] = ..., have_lineage: _Optional[int] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
+    in_order: bool
+    def __init__(self, have_version: _Optional[int] = ..., actor_id: _Optional[str] = ..., have_lineage: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., in_order: _Optional[bool] = ...) -> None: ...
 
 class GetParametersResponse(_message.Message):
-    __slots__ = ("version", "parameters", "update_step", "actor_index", "num_actors", "epsilon", "lease_seconds", "lineage", "exploration", "algorithm")
+    __slots__ = ("version", "parameters", "update_step", "actor_index", "num_actors", "epsilon", "lease_seconds", "lineage", "exploration", "algorithm", "newest_version")
     class ParametersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +40,7 @@ class GetParametersResponse(_message.Message):
     LINEAGE_FIELD_NUMBER: _ClassVar[int]
     EXPLORATION_FIELD_NUMBER: _ClassVar[int]
     ALGORITHM_FIELD_NUMBER: _ClassVar[int]
+    NEWEST_VERSION_FIELD_NUMBER: _ClassVar[int]
     version: int
     parameters: _containers.MessageMap[str, _tensor_pb2.Tensor]
     update_step: int
@@ -48,7 +51,8 @@ class GetParametersResponse(_message.Message):
     lineage: int
     exploration: float
     algorithm: str
-    def __init__(self, version: _Optional[int] = ..., parameters: _Optional[_Mapping[str, _tensor_pb2.Tensor]] = ..., update_step: _Optional[int] = ..., actor_index: _Optional[int] = ..., num_actors: _Optional[int] = ..., epsilon: _Optional[float] = ..., lease_seconds: _Optional[float] = ..., lineage: _Optional[int] = ..., exploration: _Optional[float] = ..., algorithm: _Optional[str] = ...) -> None: ...
+    newest_version: int
+    def __init__(self, version: _Optional[int] = ..., parameters: _Optional[_Mapping[str, _tensor_pb2.Tensor]] = ..., update_step: _Optional[int] = ..., actor_index: _Optional[int] = ..., num_actors: _Optional[int] = ..., epsilon: _Optional[float] = ..., lease_seconds: _Optional[float] = ..., lineage: _Optional[int] = ..., exploration: _Optional[float] = ..., algorithm: _Optional[str] = ..., newest_version: _Optional[int] = ...) -> None: ...
 
 class ReportEvaluationRequest(_message.Message):
     __slots__ = ("version", "lineage", "update_step", "parameters", "returns", "env", "first_seed", "epsilon")

@@ -59,7 +59,9 @@ class LearnerServicer:
         holds (kill -9 loses what came after it), so the caller gets the
         checkpoint's parameters and moves back to that version. INVALID_ARGUMENT
         for an actor_id over 128 characters. UNAVAILABLE until the learner has
-        published version 1 (during start-up).
+        published version 1 (during start-up). With in_order, the version after
+        the caller's instead of the newest (an evaluator that plays every
+        version: see GetParametersRequest.in_order).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

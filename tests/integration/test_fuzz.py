@@ -28,7 +28,6 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-import prometheus_client
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, event, given, settings
@@ -36,11 +35,15 @@ from hypothesis import strategies as st
 
 from apexrl.algorithms.exploration import epsilon_ladder
 from apexrl.common import tensors
-from apexrl.common.serving import Service
-from apexrl.config import LearnerConfig, ServeConfig
+from apexrl.config import LearnerConfig
 from apexrl.replay.client import insert_request
 from apexrl.v1 import learner_pb2, learner_pb2_grpc, replay_pb2, replay_pb2_grpc, tensor_pb2
-from tests.conftest import InProcessReplay, in_process_replay, serving_in_thread, wait_for
+from tests.conftest import (
+    InProcessReplay,
+    in_process_replay,
+    serve_learner,
+    wait_for,
+)
 
 CAPACITY = 64
 MAX_BATCH = 32
@@ -189,45 +192,18 @@ def refilled(replay) -> Replay:
 
 
 @contextmanager
-def serve_in_thread(tmp_path, service, registry, **settings_) -> Iterator[str]:
-    """`serve` (the shared bootstrap: interceptor, limits, health) in a thread; yields its address."""
-    ready = tmp_path / f"ready-{time.monotonic_ns()}.json"
-    config = ServeConfig(
-        host="127.0.0.1", port=0, metrics_port=0, grace_seconds=1.0, ready_file=str(ready)
-    )
-    for key, value in settings_.items():
-        setattr(config, key, value)
-    with serving_in_thread(config, service, registry) as ports:
-        yield f"127.0.0.1:{ports['port']}"
-
-
-@contextmanager
 def learner_server(tmp_path, publish: bool) -> Iterator[tuple[str, object, object]]:
-    """The real LearnerServicer (without a training loop) behind `serve`; yields (address,
-    store, servicer)."""
-    from apexrl import algorithms  # imports torch
-    from apexrl.learner.best import BestModel
-    from apexrl.learner.leases import Leases
+    """The real LearnerServicer for LEARNER_ARRAYS (no training loop); yields (address, store,
+    servicer)."""
     from apexrl.learner.parameters import ParameterStore
-    from apexrl.learner.servicer import LearnerServicer
 
     store = ParameterStore()
     if publish:
         store.publish(LEARNER_ARRAYS, update_step=7)
-    registry = prometheus_client.CollectorRegistry()
-    gauge = prometheus_client.Gauge("live_actors", "Actors holding a lease.", registry=registry)
     config = LearnerConfig(checkpoint_dir=str(tmp_path / "checkpoints"), env=LEARNER_ENV)
-    best = BestModel(config, LEARNER_ARRAYS)
-    servicer = LearnerServicer(store, Leases(30.0), gauge, best, algorithms.make(config))
-
-    def register(server) -> list[str]:
-        learner_pb2_grpc.add_LearnerServicer_to_server(servicer, server)
-        return [learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name]
-
-    service = Service(register=register)
-    with serve_in_thread(
-        tmp_path, service, registry, max_message_mb=LEARNER_MAX_MESSAGE_MB
-    ) as address:
+    with serve_learner(
+        tmp_path, store, LEARNER_ARRAYS, config, max_message_mb=LEARNER_MAX_MESSAGE_MB
+    ) as (address, servicer):
         yield address, store, servicer
 
 

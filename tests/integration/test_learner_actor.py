@@ -156,6 +156,27 @@ def test_ppo_asks_for_exactly_the_unrolls_its_batch_lacks(replay_factory):
     assert registry.get_sample_value("apexrl_learner_stale_unrolls_dropped_total") == 4
 
 
+def test_impala_publishes_every_publish_interval_updates(replay_factory):
+    """impala's actors take the newest version when they pull, so it publishes like dqn, every
+    publish_interval updates (ppo publishes every update: its actors wait for each version)."""
+    config = LearnerConfig(
+        algorithm="impala", env="CartPole-v1", batch_size=8, max_updates=6, publish_interval=3
+    )
+    learner, server, columns, _ = queue_learner(replay_factory, config)
+    first = learner.store.version
+    unrolls = {c.name: np.zeros((48, *c.shape), c.dtype) for c in columns}
+    with ReplayClient(server.address, timeout=10) as writer, ReplayClient(server.address) as replay:
+        writer.insert(unrolls)
+        trainer = threading.Thread(target=learner.train, args=(replay,), daemon=True)
+        trainer.start()
+        wait_for(lambda: learner.update_step == 6, 30, "6 updates")
+        learner.stop.set()
+        replay.close()
+        trainer.join(10)
+    assert learner.store.version == first + 2  # after updates 3 and 6
+    assert learner.store.update_step == 6
+
+
 def test_learner_trains_checkpoints_on_sigterm_and_resumes_exactly(
     service_process, filled_replay, tmp_path
 ):

@@ -55,6 +55,43 @@ def test_resumed_version_is_kept():
     assert store.publish({"w": np.ones(1, np.float32)}, update_step=510) == 43
 
 
+def answer(store: ParameterStore, have: int, lineage: int, in_order: bool = True):
+    response = learner_pb2.GetParametersResponse()
+    store.fill(response, have_version=have, have_lineage=lineage, in_order=in_order)
+    w = np.frombuffer(response.parameters["w"].data, np.float32) if response.parameters else []
+    return response.version, response.update_step, response.newest_version, list(w)
+
+
+def test_in_order_callers_get_the_next_kept_version_and_skip_only_what_is_gone():
+    """history_bytes keeps older versions (12 B each here) besides the newest: in_order
+    answers the one after have_version, with its own update step, while it is kept."""
+    store = ParameterStore(history_bytes=24)  # two older versions
+    for v in range(1, 6):
+        store.publish({"w": np.full(3, v, np.float32)}, update_step=10 * v)
+    lineage = store.lineage
+    assert answer(store, 3, lineage) == (4, 40, 5, [4, 4, 4])
+    assert answer(store, 4, lineage) == (5, 50, 5, [5, 5, 5])
+    assert answer(store, 5, lineage) == (5, 50, 5, [])  # holds the newest: nothing to send
+    # Versions 1 and 2 are gone: a caller holding 1 gets 3, the oldest kept (1 skipped).
+    assert answer(store, 1, lineage) == (3, 30, 5, [3, 3, 3])
+    # Without in_order, another lineage or none held: the newest, as always.
+    assert answer(store, 3, lineage, in_order=False) == (5, 50, 5, [5, 5, 5])
+    assert answer(store, 3, lineage + 1) == (5, 50, 5, [5, 5, 5])
+    assert answer(store, 0, 0) == (5, 50, 5, [5, 5, 5])
+
+
+def test_without_history_only_the_newest_is_kept_and_a_resumed_numbering_starts_afresh():
+    store = ParameterStore()
+    for v in range(1, 4):
+        store.publish({"w": np.full(3, v, np.float32)}, update_step=v)
+    assert answer(store, 1, store.lineage) == (3, 3, 3, [3, 3, 3])
+    kept = ParameterStore(history_bytes=1000)
+    for v in (1, 2, 3):
+        kept.publish({"w": np.full(3, v, np.float32)}, update_step=v)
+    kept.publish({"w": np.full(3, 9, np.float32)}, update_step=20, version=2)  # restored
+    assert answer(kept, 1, kept.lineage) == (2, 20, 2, [9, 9, 9])  # not the old 2 or 3
+
+
 @pytest.mark.parametrize("n", [1, 2, 5, 16])
 def test_ladder_in_responses_matches_the_formula(n):
     from apexrl.algorithms.exploration import epsilon_ladder
@@ -62,3 +99,14 @@ def test_ladder_in_responses_matches_the_formula(n):
     values = [epsilon_ladder(i, n) for i in range(n)]
     expected = [0.4] if n == 1 else [0.4 ** (1 + 7 * i / (n - 1)) for i in range(n)]
     np.testing.assert_allclose(values, expected)
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_a_bad_history_is_refused_naming_it(bad):
+    import prometheus_client
+
+    from apexrl.config import LearnerConfig
+    from apexrl.learner.service import build
+
+    with pytest.raises(ValueError, match="history_mb"):
+        build(LearnerConfig(history_mb=bad), prometheus_client.CollectorRegistry())

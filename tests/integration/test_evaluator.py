@@ -1,0 +1,60 @@
+"""The evaluator (in a thread) against a real learner server over loopback: which versions it
+plays, in order or not, and what it counts as skipped."""
+
+import threading
+
+import prometheus_client
+import pytest
+
+from apexrl import algorithms
+from apexrl.algorithms.networks import state_to_numpy
+from apexrl.config import EvaluatorConfig, LearnerConfig
+from apexrl.evaluator import service as evaluator
+from apexrl.learner.parameters import ParameterStore
+from tests.conftest import serve_learner, wait_for
+
+ENV = "CartPole-v1"
+
+
+@pytest.mark.parametrize(("kept_versions", "window"), [(40, 100), (0, 100), (40, 3)])
+def test_a_window_plays_each_version_in_order_while_the_learner_keeps_it(
+    tmp_path, kept_versions, window
+):
+    """30 versions published in a burst while the evaluator plays: with every version kept and
+    a window wider than the burst it plays all 30, one after the other; with none kept besides
+    the newest, or a narrow window, every version is either played or counted as skipped, and
+    it ends on the newest."""
+    config = LearnerConfig(algorithm="ppo", env=ENV, checkpoint_dir=str(tmp_path / "ckpt"))
+    arrays = state_to_numpy(algorithms.make(config).network())
+    size = sum(a.nbytes for a in arrays.values())
+    store = ParameterStore(history_bytes=kept_versions * size)
+    store.publish(arrays, update_step=0)
+    with serve_learner(tmp_path, store, arrays, config) as (address, _):
+        settings = EvaluatorConfig(
+            algorithm="ppo", env=ENV, learner=address, episodes=2, confirm_episodes=0,
+            interval=0.0, window=window,
+        )  # fmt: skip
+        registry, stop = prometheus_client.CollectorRegistry(), threading.Event()
+        metrics = evaluator.EvaluatorMetrics(registry)
+        thread = threading.Thread(target=evaluator.run, args=(settings, registry, stop, metrics))
+        thread.start()
+        try:
+            wait_for(lambda: metrics.rounds._value.get() == 1, 20, "the first evaluation")
+            for step in range(1, 30):
+                store.publish(arrays, update_step=step)
+            wait_for(lambda: metrics.version._value.get() == 30, 60, "version 30 played")
+        finally:
+            stop.set()
+            thread.join(10)
+        rounds, skipped = metrics.rounds._value.get(), metrics.skipped._value.get()
+        assert rounds + skipped == 30
+        assert metrics.behind._value.get() == 0
+        if window > 30 and kept_versions > 30:
+            assert (rounds, skipped) == (30, 0)
+
+
+@pytest.mark.parametrize(("name", "bad"), [("window", -1), ("nice", -1), ("nice", 20)])
+def test_bad_settings_are_refused_naming_them(name, bad):
+    settings = EvaluatorConfig(algorithm="ppo", env=ENV, learner="127.0.0.1:1", **{name: bad})
+    with pytest.raises(ValueError, match=name):
+        evaluator.run(settings, prometheus_client.CollectorRegistry(), threading.Event())
