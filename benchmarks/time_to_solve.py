@@ -27,8 +27,9 @@ launch, `seconds_counted_from`, where the first row already has env steps), SB3'
 starts. It ends where the policy that solved it was trained, evaluation excluded on both sides:
 SB3's clock stops when it evaluates the policy it has just trained (after the rollout it
 collected with it), minus all time spent evaluating; apexrl's when its learner published the
-version that its evaluator then found to solve it (the first metrics.csv row showing that
-version: up to one row, 0.5 s, late). As SB3's callback plays every policy, local mode's
+first version that its evaluator found to solve it (`solving_version`, from the learner's
+log: local mode names the best model of its next 0.5 s poll, possibly a later one), at the
+first metrics.csv row showing that version (up to one row, 0.5 s, late). As SB3's callback plays every policy, local mode's
 evaluator plays every version in order (its on-policy `window`), but never more than 30 behind
 the newest: the versions it skips to keep up (counted) may hold an earlier solver
 (conservative). When local mode saw it solved (the evaluator's 10 + 50 episodes, its lag and
@@ -186,7 +187,8 @@ def run_apexrl(task: dict, seed: int, budget: float, workdir: Path) -> dict:
         if match:
             # Training time, as SB3's clock counts it (evaluation excluded): until the learner
             # published the solving version. The first row showing it: up to one row late.
-            version = int(match.group(3))
+            version = first_solving_version(run_dir, task["target"], int(match.group(3)))
+            clock["solving_version"] = version
             row = next(r for r in rows if float(r["parameter_version"]) >= version)
             clock["seen_solved_seconds"] = round(solved_at[0] - zero, 3)  # evaluation included
             solved_at = (float(row["seconds"]), int(float(row["env_steps"])))
@@ -205,6 +207,20 @@ def run_apexrl(task: dict, seed: int, budget: float, workdir: Path) -> dict:
         "updates_per_s": round(float(rows[-1]["updates"]) / seconds, 1) if seconds else 0.0,
         "last_line": last,
     }  # fmt: skip
+
+
+def first_solving_version(run_dir: Path, target: float, reported: int) -> int:
+    """The first version the learner kept as its best model with a score reaching the target,
+    from its log. Local mode names the best model at its next 0.5 s poll: with the evaluator
+    playing every version, a later, better one may have replaced the first solver by then,
+    while SB3's clock stops at its first. The log rounds scores to 0.1: only one that reaches
+    target + 0.05 surely reached the target (else the reported version, conservative)."""
+    kept = re.compile(r"best model: version (\d+) .*mean return (-?[\d.]+) over")
+    for line in (run_dir / "logs" / "learner.log").read_text().splitlines():
+        found = kept.search(line)
+        if found and float(found.group(2)) >= target + 0.05:
+            return min(int(found.group(1)), reported)
+    return reported
 
 
 def fresh_apexrl(checkpoints: Path) -> dict:
