@@ -59,7 +59,7 @@ class EvaluatorMetrics:
         self.skipped = metric(
             C,
             "versions_skipped",
-            "Versions never played: published between two evaluations, or (every_version) no"
+            "Versions never played: published between two evaluations, or (window) no"
             " longer kept by the learner when their turn came.",
         )
         self.behind = metric(

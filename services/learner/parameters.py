@@ -32,13 +32,20 @@ class ParameterStore:
 
     def __init__(self, history_bytes: int = 0):
         self.lineage = secrets.randbits(63) + 1
-        self.version = 0
-        self.update_step = 0
         self.history_bytes = history_bytes
         self._kept: collections.deque[_Version] = collections.deque()  # oldest first
         self._older_bytes = 0  # of the kept versions but the newest
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
+
+    @property
+    def version(self) -> int:
+        """The newest version (0 before the first publish)."""
+        return self._kept[-1].version if self._kept else 0
+
+    @property
+    def update_step(self) -> int:
+        return self._kept[-1].update_step if self._kept else 0
 
     def on_publish(self, listener: Callable[[], None]) -> None:
         """Calls `listener` (from the publishing thread) after every publish."""
@@ -63,7 +70,6 @@ class ParameterStore:
             self._kept.append(_Version(version, update_step, encoded, nbytes))
             while len(self._kept) > 1 and self._older_bytes > self.history_bytes:
                 self._older_bytes -= self._kept.popleft().nbytes
-            self.version, self.update_step = version, update_step
         for listener in self._listeners:
             listener()
         return version
