@@ -29,7 +29,9 @@ SB3's clock stops when it evaluates the policy it has just trained (after the ro
 collected with it), minus all time spent evaluating; apexrl's when its learner published the
 first version that its evaluator found to solve it (`solving_version`, from the learner's
 log: local mode names the best model of its next 0.5 s poll, possibly a later one), at the
-first metrics.csv row showing that version (up to one row, 0.5 s, late). As SB3's callback plays every policy, local mode's
+time interpolated between the metrics.csv rows (0.5 s apart) before and after it published
+that version (`published_at`; the first row showing it would be up to 0.5 s late, a quarter
+of a ppo CartPole median). As SB3's callback plays every policy, local mode's
 evaluator plays every version in order (its on-policy `window`), but never more than 30 behind
 the newest: the versions it skips to keep up (counted) may hold an earlier solver
 (conservative). When local mode saw it solved (the evaluator's 10 + 50 episodes, its lag and
@@ -65,6 +67,11 @@ import numpy as np
 
 EVAL_EPISODES, CONFIRM_EPISODES = 10, 50
 FRESH_EPISODES, FRESH_SEED = 100, 1_000_000  # the saved model, on seeds no evaluation used
+# SB3 seeds its model and training envs here, apart from the evaluation's seeds (which count up
+# from the run's seed): seeded with the run's seed itself, PPO's training env k started from
+# the state of evaluation episode k, a start it had already trained on. apexrl's actors seed
+# their envs at random.
+TRAIN_SEED_OFFSET = 100_000
 
 ON_POLICY_TARGETS = (
     "solved on every seed, median training time (from the first env step) <= 1x SB3 PPO's median;"
@@ -186,12 +193,11 @@ def run_apexrl(task: dict, seed: int, budget: float, workdir: Path) -> dict:
         }
         if match:
             # Training time, as SB3's clock counts it (evaluation excluded): until the learner
-            # published the solving version. The first row showing it: up to one row late.
+            # published the solving version (interpolated between the rows around it).
             version = first_solving_version(run_dir, task["target"], int(match.group(3)))
             clock["solving_version"] = version
-            row = next(r for r in rows if float(r["parameter_version"]) >= version)
             clock["seen_solved_seconds"] = round(solved_at[0] - zero, 3)  # evaluation included
-            solved_at = (float(row["seconds"]), int(float(row["env_steps"])))
+            solved_at = published_at(rows, version)
     return {
         "system": f"apexrl-{task['algorithm']}", "env": task["env"], "seed": seed,
         "solved": bool(match),
@@ -206,7 +212,32 @@ def run_apexrl(task: dict, seed: int, budget: float, workdir: Path) -> dict:
         "env_steps_per_s": round(float(rows[-1]["env_steps"]) / seconds, 1) if seconds else 0.0,
         "updates_per_s": round(float(rows[-1]["updates"]) / seconds, 1) if seconds else 0.0,
         "last_line": last,
+        **crashed_log(run_dir, last),
     }  # fmt: skip
+
+
+def crashed_log(run_dir: Path, last: str) -> dict:
+    """The end of the log of a process that ended the run by exiting (the run's folder goes
+    with the benchmark's temporary one)."""
+    dead = re.match(r"not solved: (\S+) exited with code", last)
+    log = run_dir / "logs" / f"{dead.group(1)}.log" if dead else None
+    return {"crashed_log_tail": log.read_text()[-3000:]} if log and log.exists() else {}
+
+
+def published_at(rows: list[dict], version: int) -> tuple[float, int]:
+    """(seconds, env steps) when the learner published `version`, interpolated between the
+    metrics.csv rows (0.5 s apart) around it: the last showing an older version and the first
+    showing it or a newer one (versions come at a steady rate, ~20 a second for ppo)."""
+    after = next(i for i, r in enumerate(rows) if float(r["parameter_version"]) >= version)
+    points = [rows[max(after - 1, 0)], rows[after]]
+    seconds, steps, versions = (
+        [float(r[name]) for r in points] for name in ("seconds", "env_steps", "parameter_version")
+    )
+    share = (version - versions[0]) / (versions[1] - versions[0]) if after else 1.0
+    return (
+        seconds[0] + share * (seconds[1] - seconds[0]),
+        int(steps[0] + share * (steps[1] - steps[0])),
+    )
 
 
 def first_solving_version(run_dir: Path, target: float, reported: int) -> int:
@@ -338,11 +369,11 @@ def run_sb3(task: dict, seed: int, budget: float, max_steps: int, threads: int) 
         settings[name] = zoo_linear(initial, task["zoo_timesteps"], max_steps)
     env, vec_normalize = task["env"], None
     if "n_envs" in task:
-        env = make_vec_env(task["env"], n_envs=task["n_envs"], seed=seed)
+        env = make_vec_env(task["env"], n_envs=task["n_envs"], seed=seed + TRAIN_SEED_OFFSET)
         if task.get("normalize"):  # the zoo's `normalize: true`: observations and rewards
             env = vec_normalize = VecNormalize(env, gamma=task["zoo"]["gamma"])
     algorithm = getattr(stable_baselines3, task["sb3"])
-    model = algorithm("MlpPolicy", env, seed=seed, verbose=0, **settings)
+    model = algorithm("MlpPolicy", env, seed=seed + TRAIN_SEED_OFFSET, verbose=0, **settings)
     model.learn(total_timesteps=max_steps, callback=callback)
     solved = callback.solved_at is not None
     fresh = {}
