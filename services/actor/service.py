@@ -274,9 +274,11 @@ def run(
     )
     replay = connect(config.replay, timeout=30.0, retry_seconds=1.0, tls=config)
     buffer = InsertBuffer(replay, config.buffer_limit, metrics, stop)
-    puller = ParameterPuller(
-        LearnerClient(config.learner, retry_seconds=1.0, tls=config), actor_id, metrics
-    )
+    # Tries at most 0.1 s apart: an actor that starts before the learner serves (local mode
+    # starts every process at once) slept up to 0.6 s past the moment it could have begun,
+    # and ppo's first batch waits for every actor.
+    learner = LearnerClient(config.learner, retry_seconds=1.0, retry_cap=0.1, tls=config)
+    puller = ParameterPuller(learner, actor_id, metrics)
     log.info(
         "actor %s: %s x%d, waiting for parameters from %s",
         actor_id[:8],

@@ -43,10 +43,15 @@ class Backoff:
         self.bound = self.initial
 
 
-def retry_unavailable(call: Callable[[], T], what: str, retry_seconds: float | None) -> T:
-    """Calls `call` until it does not fail with UNAVAILABLE, for at most `retry_seconds` (None: forever)."""
-    backoff = Backoff()
+def retry_unavailable(
+    call: Callable[[], T], what: str, retry_seconds: float | None, cap: float = 5.0
+) -> T:
+    """Calls `call` until it does not fail with UNAVAILABLE, for at most `retry_seconds` (None:
+    forever), with Backoff delays up to `cap`. The first retry of a call is logged at INFO,
+    the rest at DEBUG (a server away for a while is one line per call, not one per try)."""
+    backoff = Backoff(initial=min(0.1, cap), cap=cap)
     give_up = None if retry_seconds is None else time.monotonic() + retry_seconds
+    level = logging.INFO
     while True:
         try:
             return call()
@@ -56,5 +61,8 @@ def retry_unavailable(call: Callable[[], T], what: str, retry_seconds: float | N
             delay = backoff.next_delay()
             if give_up is not None and time.monotonic() + delay > give_up:
                 raise
-            log.info("%s: server unavailable (%s), retrying in %.2f s", what, err.details(), delay)
+            log.log(
+                level, "%s: server unavailable (%s), retrying in %.2f s", what, err.details(), delay
+            )
+            level = logging.DEBUG
             time.sleep(delay)

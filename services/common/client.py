@@ -38,14 +38,16 @@ class GrpcClient:
         *,
         timeout: float,
         retry_seconds: float | None = 60.0,
+        retry_cap: float = 5.0,
         max_message_mb: int = 512,
         tls: ClientTLSConfig | None = None,
         channel_options: tuple = (),
     ):
         """timeout: deadline of each call, seconds; retry_seconds: how long to retry while the
-        server is UNAVAILABLE (None: forever); tls: CA (and client certificate) files;
+        server is UNAVAILABLE (None: forever), waiting up to retry_cap between tries; tls: CA (and client certificate) files;
         channel_options: more gRPC channel arguments."""
         self.address, self.timeout, self.retry_seconds = address, timeout, retry_seconds
+        self.retry_cap = retry_cap
         options = message_options(max_message_mb) + RECONNECT_OPTIONS + list(channel_options)
         credentials = channel_credentials(tls)
         self.channel = (
@@ -64,4 +66,4 @@ class GrpcClient:
         self.close()
 
     def _retry(self, call: Callable[[], T], what: str) -> T:
-        return retry_unavailable(call, f"{self.address} {what}", self.retry_seconds)
+        return retry_unavailable(call, f"{self.address} {what}", self.retry_seconds, self.retry_cap)

@@ -29,7 +29,7 @@ class Parameters:
 
 class LearnerClient(GrpcClient):
     def __init__(self, address: str, *, timeout: float = 10.0, **options):
-        """options: retry_seconds, max_message_mb, tls (see GrpcClient)."""
+        """options: retry_seconds, retry_cap, max_message_mb, tls (see GrpcClient)."""
         super().__init__(address, timeout=timeout, **options)
         self.stub = learner_pb2_grpc.LearnerStub(self.channel)
 

@@ -83,7 +83,7 @@ def run(
     m = metrics or EvaluatorMetrics(registry)
     algorithm = algorithms.make(config)
     policy = algorithm.policy()
-    learner = LearnerClient(config.learner, retry_seconds=1.0, tls=config)
+    learner = LearnerClient(config.learner, retry_seconds=1.0, retry_cap=0.1, tls=config)
     version, lineage, backoff, next_seed = 0, 0, Backoff(cap=2.0), config.seed
     newest = 0  # the learner's newest version at the last answer
     best = -math.inf  # the best score the learner keeps (from its answers)
