@@ -20,23 +20,25 @@ On-policy tasks: cartpole-ppo, cartpole-impala (CartPole-v1, 475) and acrobot-pp
 acrobot-impala (Acrobot-v1, -100): apexrl ppo or impala against SB3 PPO with the zoo's
 hyperparams/ppo.yml (its lin_X schedules decay over the zoo's n_timesteps; Acrobot under
 VecNormalize, whose statistics at that moment normalize the greedy episodes' observations and
-travel with the best model). For these the figure is *training* time, from the first env step
-on both sides, start-up (launch to first env step) reported on its own: apexrl's stepping starts
-at the metrics.csv row before the first with env steps (conservative: up to one row early; from
-launch, `seconds_counted_from`, where the first row already has env steps), SB3's when `learn`
-starts. It ends where the policy that solved it was trained, evaluation excluded on both sides:
-SB3's clock stops when it evaluates the policy it has just trained (after the rollout it
-collected with it), minus all time spent evaluating; apexrl's when its learner published the
-first version that its evaluator found to solve it (`solving_version`, from the learner's
-log: local mode names the best model of its next 0.5 s poll, possibly a later one), at the
-time interpolated between the metrics.csv rows (0.5 s apart) before and after it published
-that version (`published_at`; the first row showing it would be up to 0.5 s late, a quarter
-of a ppo CartPole median). As SB3's callback plays every policy, local mode's
-evaluator plays every version in order (its on-policy `window`), but never more than 30 behind
-the newest: the versions it skips to keep up (counted) may hold an earlier solver
-(conservative). When local mode saw it solved (the evaluator's 10 + 50 episodes, its lag and
-its report included) is `seen_solved_seconds`. One SB3
-run per env and seed serves both of an env's tasks in one run.
+travel with the best model). apexrl runs local mode's settings for the algorithm, except where
+a task names its own (`apexrl`, as the zoo tunes SB3 per env; acrobot-impala: passes 1). SB3's
+model and training envs are seeded apart from the evaluation's seeds (TRAIN_SEED_OFFSET). For
+these the figure is *training* time, from the first env step on both sides, start-up (launch to
+first env step) reported on its own: apexrl's first env step is the actors' earliest first-step
+gauge (local mode's `startup_seconds`; without it, the metrics.csv row before the first with
+env steps), SB3's when `learn` starts. It ends where the policy that solved it was trained,
+evaluation excluded on both sides: SB3's clock stops when it evaluates the policy it has just
+trained (after the rollout it collected with it), minus all time spent evaluating; apexrl's
+when its learner published the first version that its evaluator found to solve it
+(`solving_version`, from the learner's log: local mode names the best model of its next 0.5 s
+poll, possibly a later one), at the time interpolated between the metrics.csv rows (0.5 s
+apart) before and after it published that version (`published_at`; the first row showing it
+would be up to 0.5 s late, a quarter of a ppo CartPole median). As SB3's callback plays every
+policy, local mode's evaluator plays every version in order (its on-policy `window`), but never
+more than 30 behind the newest: the versions it skips to keep up (counted) may hold an earlier
+solver (conservative). When local mode saw it solved (the evaluator's 10 + 50 episodes, its lag
+and its report included) is `seen_solved_seconds`. One SB3 run per env and seed serves both of
+an env's tasks in one run.
 
 Protocol for both (apexrl's evaluator, reproduced for SB3): each new policy plays 10 greedy
 episodes; one that beats the best score so far plays 50 more on fresh seeds and is scored by
@@ -61,9 +63,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 import numpy as np
+
+from apexrl.local import dump_toml
 
 EVAL_EPISODES, CONFIRM_EPISODES = 10, 50
 FRESH_EPISODES, FRESH_SEED = 100, 1_000_000  # the saved model, on seeds no evaluation used
@@ -143,17 +148,22 @@ TASKS = {
     "cartpole-ppo": PPO_CARTPOLE | dict(algorithm="ppo"),
     "cartpole-impala": PPO_CARTPOLE | dict(algorithm="impala"),
     "acrobot-ppo": PPO_ACROBOT | dict(algorithm="ppo"),
-    "acrobot-impala": PPO_ACROBOT | dict(algorithm="impala"),
+    # The zoo tunes SB3 per env; apexrl takes local mode's settings but here: impala's 2 passes
+    # over each batch (local mode's, for CartPole: 8 seeds, median 1.0 s against 2.5 s with 1)
+    # made Acrobot slower (8.6 s against 4.1 s with 1, and 17.8 s with 4), 2026-12-02.
+    "acrobot-impala": PPO_ACROBOT | dict(algorithm="impala", apexrl={"learner": {"passes": 1}}),
 }  # fmt: skip
 
 
 def run_apexrl(task: dict, seed: int, budget: float, workdir: Path) -> dict:
     run_dir = workdir / f"apexrl-{task['env']}-{seed}"
+    settings = workdir / f"apexrl-{task['env']}-{seed}.toml"  # the task's own, if any
+    settings.write_text(dump_toml(task.get("apexrl", {})))
     started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "apexrl.cli", "local", "--run-dir", str(run_dir), "--seed", str(seed),
          "--max-seconds", str(budget), "--algorithm", task["algorithm"], "--env", task["env"],
-         "--target-return", str(task["target"])],
+         "--target-return", str(task["target"]), "--config", str(settings)],
         capture_output=True, text=True, timeout=budget + 300,
     )  # fmt: skip
     wall = time.monotonic() - started
@@ -470,11 +480,21 @@ def main() -> None:
         " cores; 1 for the on-policy tasks)",
     )
     parser.add_argument("--only", choices=["apexrl", "sb3"])
+    parser.add_argument(
+        "--apexrl-config",
+        type=Path,
+        help="a TOML of local-mode settings for apexrl ([learner] ...), over the task's own",
+    )
     args = parser.parse_args()
+    extra = tomllib.loads(args.apexrl_config.read_text()) if args.apexrl_config else {}
     summaries = []
     peers: dict[tuple, dict] = {}  # (SB3 algorithm, env, seed): one run serves every task with it
     for name in args.task:
         task = TASKS[name]
+        settings = task.get("apexrl", {})
+        task = task | {
+            "apexrl": {k: settings.get(k, {}) | extra.get(k, {}) for k in settings | extra}
+        }
         zoo_steps = task["zoo_timesteps"] * (1 if "zoo_linear" in task else 4)
         max_steps = args.sb3_max_steps or zoo_steps
         results: dict[str, list[dict]] = {"apexrl": [], "sb3": []}
