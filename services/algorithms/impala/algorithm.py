@@ -4,7 +4,8 @@ on them in the order they come, whatever version acted, with V-trace correcting 
 `passes` > 1 takes that many gradient steps on each batch, V-trace recomputed each time from
 the learner's current policy: each unroll is reused, the later steps' policy lag being one
 more thing V-trace corrects (the paper's own replay experiments reuse unrolls too). Local mode
-takes 2, which about halved impala's time to solve CartPole-v1 and Acrobot-v1 (README).
+takes 2. With every version evaluated, 2 solved CartPole-v1 in a median 1.0 s against 2.5 s
+with 1, but Acrobot-v1 in 8.6 s against 4.1 s (8 seeds each; README, Time to solve).
 """
 
 import torch
