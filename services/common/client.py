@@ -44,8 +44,8 @@ class GrpcClient:
         channel_options: tuple = (),
     ):
         """timeout: deadline of each call, seconds; retry_seconds: how long to retry while the
-        server is UNAVAILABLE (None: forever), waiting up to retry_cap between tries; tls: CA (and client certificate) files;
-        channel_options: more gRPC channel arguments."""
+        server is UNAVAILABLE (None: forever), waiting up to retry_cap seconds between tries;
+        tls: CA (and client certificate) files; channel_options: more gRPC channel arguments."""
         self.address, self.timeout, self.retry_seconds = address, timeout, retry_seconds
         self.retry_cap = retry_cap
         options = message_options(max_message_mb) + RECONNECT_OPTIONS + list(channel_options)
