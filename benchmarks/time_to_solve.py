@@ -456,6 +456,13 @@ def side_by_side(summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def over(settings: dict, extra: dict) -> dict:
+    """Local-mode settings by section ({"learner": {...}}): `extra`'s over `settings`."""
+    return {
+        section: settings.get(section, {}) | extra.get(section, {}) for section in settings | extra
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -490,11 +497,7 @@ def main() -> None:
     summaries = []
     peers: dict[tuple, dict] = {}  # (SB3 algorithm, env, seed): one run serves every task with it
     for name in args.task:
-        task = TASKS[name]
-        settings = task.get("apexrl", {})
-        task = task | {
-            "apexrl": {k: settings.get(k, {}) | extra.get(k, {}) for k in settings | extra}
-        }
+        task = TASKS[name] | {"apexrl": over(TASKS[name].get("apexrl", {}), extra)}
         zoo_steps = task["zoo_timesteps"] * (1 if "zoo_linear" in task else 4)
         max_steps = args.sb3_max_steps or zoo_steps
         results: dict[str, list[dict]] = {"apexrl": [], "sb3": []}
