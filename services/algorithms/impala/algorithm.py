@@ -5,8 +5,8 @@ on them in the order they come, whatever version acted, with V-trace correcting 
 the learner's current policy: each unroll is reused, the later steps' policy lag being one
 more thing V-trace corrects (the paper's own replay experiments reuse unrolls too). Local mode
 takes 2. With every version evaluated, 2 solved CartPole-v1 in a median 1.0 s against 2.5 s
-with 1 (Adam 1e-3), and Acrobot-v1 in 6.7 s against 8.2 s at local mode's 2e-3; 4 left half
-the Acrobot seeds unsolved in 60 s at 2e-3 (8 seeds each; README, Time to solve).
+with 1 (Adam 1e-3), and Acrobot-v1 in 6.7 s against 8.2 s at local mode's 2e-3; 4 passes
+left half the Acrobot seeds unsolved in 60 s at 2e-3 (8 seeds each; README, Time to solve).
 """
 
 import torch
