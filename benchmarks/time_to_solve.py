@@ -20,8 +20,8 @@ On-policy tasks: cartpole-ppo, cartpole-impala (CartPole-v1, 475) and acrobot-pp
 acrobot-impala (Acrobot-v1, -100): apexrl ppo or impala against SB3 PPO with the zoo's
 hyperparams/ppo.yml (its lin_X schedules decay over the zoo's n_timesteps; Acrobot under
 VecNormalize, whose statistics at that moment normalize the greedy episodes' observations and
-travel with the best model). apexrl runs local mode's settings for the algorithm, except where
-a task names its own (`apexrl`, as the zoo tunes SB3 per env; none does now). SB3's
+travel with the best model). apexrl runs local mode's settings for the algorithm (plus
+`--apexrl-config`'s, for experiments). SB3's
 model and training envs are seeded apart from the evaluation's seeds (TRAIN_SEED_OFFSET). For
 these the figure is *training* time, from the first env step on both sides, start-up (launch to
 first env step) reported on its own: apexrl's first env step is the actors' earliest first-step
@@ -67,8 +67,6 @@ import tomllib
 from pathlib import Path
 
 import numpy as np
-
-from apexrl.local import dump_toml
 
 EVAL_EPISODES, CONFIRM_EPISODES = 10, 50
 FRESH_EPISODES, FRESH_SEED = 100, 1_000_000  # the saved model, on seeds no evaluation used
@@ -148,23 +146,18 @@ TASKS = {
     "cartpole-ppo": PPO_CARTPOLE | dict(algorithm="ppo"),
     "cartpole-impala": PPO_CARTPOLE | dict(algorithm="impala"),
     "acrobot-ppo": PPO_ACROBOT | dict(algorithm="ppo"),
-    # A task may name its own local-mode settings (apexrl={"learner": {...}}), as the zoo tunes
-    # SB3 per env. None does now: at local mode's learning rate of 2e-3, impala's 2 passes over
-    # each batch solved Acrobot in a median 6.7 s against 8.2 s with 1 (8 seeds each,
-    # 2026-12-02; at 1e-3 the day before, 1 pass had looked better: 4.1 s against 8.6 s).
     "acrobot-impala": PPO_ACROBOT | dict(algorithm="impala"),
 }  # fmt: skip
 
 
-def run_apexrl(task: dict, seed: int, budget: float, workdir: Path) -> dict:
+def run_apexrl(task: dict, seed: int, budget: float, workdir: Path, config: Path | None) -> dict:
     run_dir = workdir / f"apexrl-{task['env']}-{seed}"
-    settings = workdir / f"apexrl-{task['env']}-{seed}.toml"  # the task's own, if any
-    settings.write_text(dump_toml(task.get("apexrl", {})))
+    settings = ["--config", str(config)] if config else []  # --apexrl-config
     started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "apexrl.cli", "local", "--run-dir", str(run_dir), "--seed", str(seed),
          "--max-seconds", str(budget), "--algorithm", task["algorithm"], "--env", task["env"],
-         "--target-return", str(task["target"]), "--config", str(settings)],
+         "--target-return", str(task["target"]), *settings],
         capture_output=True, text=True, timeout=budget + 300,
     )  # fmt: skip
     wall = time.monotonic() - started
@@ -457,13 +450,6 @@ def side_by_side(summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def over(settings: dict, extra: dict) -> dict:
-    """Local-mode settings by section ({"learner": {...}}): `extra`'s over `settings`."""
-    return {
-        section: settings.get(section, {}) | extra.get(section, {}) for section in settings | extra
-    }
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -491,21 +477,25 @@ def main() -> None:
     parser.add_argument(
         "--apexrl-config",
         type=Path,
-        help="a TOML of local-mode settings for apexrl ([learner] ...), over the task's own",
+        help="a TOML of local-mode settings for apexrl ([learner] ...), over local mode's",
     )
     args = parser.parse_args()
-    extra = tomllib.loads(args.apexrl_config.read_text()) if args.apexrl_config else {}
+    if args.apexrl_config:  # a file that is not TOML fails here, not in every run
+        tomllib.loads(args.apexrl_config.read_text())
+        args.apexrl_config = args.apexrl_config.resolve()
     summaries = []
     peers: dict[tuple, dict] = {}  # (SB3 algorithm, env, seed): one run serves every task with it
     for name in args.task:
-        task = TASKS[name] | {"apexrl": over(TASKS[name].get("apexrl", {}), extra)}
+        task = TASKS[name]
         zoo_steps = task["zoo_timesteps"] * (1 if "zoo_linear" in task else 4)
         max_steps = args.sb3_max_steps or zoo_steps
         results: dict[str, list[dict]] = {"apexrl": [], "sb3": []}
         with tempfile.TemporaryDirectory(prefix="apexrl-tts-") as tmp:
             for seed in range(1, args.seeds + 1):
                 if args.only in (None, "apexrl"):
-                    results["apexrl"].append(run_apexrl(task, seed, args.budget, Path(tmp)))
+                    results["apexrl"].append(
+                        run_apexrl(task, seed, args.budget, Path(tmp), args.apexrl_config)
+                    )
                     print(json.dumps(results["apexrl"][-1]), flush=True)
                 if args.only in (None, "sb3"):
                     key = (task["sb3"], task["env"], seed)
