@@ -247,16 +247,27 @@ class LearnerConfig(AgentConfig, ClientTLSConfig, ServeConfig):
     max_updates: int = option(0, "stop training after this many updates (0: never)")
     entropy_cost: float = option(0.01, "impala, ppo: weight of the entropy bonus")
     value_cost: float = option(0.5, "impala, ppo: weight of the value (baseline) loss")
-    gae_lambda: float = option(0.95, "ppo: lambda of generalized advantage estimation")
+    gae_lambda: float = option(
+        0.95,
+        "ppo: lambda of generalized advantage estimation; impala: V-trace's lambda (traces"
+        " c_s = lambda * min(1, rho_s); 1 as published)",
+    )
+    normalize_advantages: bool = option(
+        True,
+        "impala, ppo: advantages scaled to mean 0, std 1 (ppo: per minibatch, as SB3; impala:"
+        " per batch; false as IMPALA is published)",
+    )
     clip_range: float = option(
-        0.2, "ppo: the ratio clip epsilon; 0 = unclipped (with epochs = 1: A2C)"
+        0.2,
+        "ppo: the ratio clip epsilon; 0 = unclipped (with epochs = 1: A2C). impala, passes > 1:"
+        " the same clip, of the ratio to the policy before the batch's first step (APPO)",
     )
     epochs: int = option(10, "ppo: passes over each fresh batch (1, with clip_range 0: A2C)")
     minibatches: int = option(4, "ppo: minibatches per epoch")
     passes: int = option(
         1,
-        "impala: gradient steps on each batch of unrolls (1: as published; more reuse each"
-        " unroll, V-trace correcting for the policy having moved)",
+        "impala: gradient steps on each batch of unrolls (1: as published; more: APPO's reuse,"
+        " V-trace's targets computed once, then clipped surrogate steps)",
     )
     history_mb: float = option(
         0.0,

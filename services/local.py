@@ -66,8 +66,8 @@ ATARI_DEFAULTS = {
 # linear decays are not copied) but Adam at 2e-3, not the zoo's 1e-3: ppo solved CartPole-v1
 # in a median 0.9 s against 2.8 s, impala in 1.1 s against 1.8 s and on Acrobot-v1 in 8.2 s
 # against 9.9 s (benchmarks/time_to_solve.py, 8 seeds each, same session, 2026-12-02).
-# impala takes 2 gradient steps on each batch (algorithms/impala/algorithm.py says why) and
-# publishes every 4th.
+# impala takes 2 gradient steps on each batch (algorithms/impala/algorithm.py says how), with
+# V-trace's lambda 1 and unnormalized advantages as published, and publishes every 4th.
 # Every version is a policy worth a look (~14 a second here): the evaluator plays each in
 # order, as SB3's evaluation after every rollout does, at most 30 behind the newest (~2 s),
 # from the versions the learner keeps (4 MB: ~110 of CartPole's 36 KB; no Atari CNN), instead
@@ -89,10 +89,25 @@ ON_POLICY_DEFAULTS = {
     },
     "impala": {
         "replay": {**QUEUE, "capacity": 64},
-        "learner": {"batch_size": 8, "learning_rate": 2e-3, "entropy_cost": 0.01, "passes": 2,
+        "learner": {"batch_size": 8, "learning_rate": 2e-3, "passes": 2, "gae_lambda": 1.0,
+                    "normalize_advantages": False, "entropy_cost": 0.01,
                     "publish_interval": 4, "history_mb": 4.0},
         "actor": {"num_envs": 4},
         "evaluator": EVERY_VERSION,
+    },
+}  # fmt: skip
+
+# One env's settings on top of its algorithm's, as rl-baselines3-zoo tunes PPO per env.
+# impala on Acrobot-v1 takes ppo's learning settings (20 passes, lambda 0.8, advantages
+# normalized, no entropy bonus, gradient norm 0.5; the passes clipped as APPO's): it solved in a
+# median 3.5-5.4 s and 18-28K env steps against 6.7 s and 99K with the 2 passes above (8
+# seeds each). On CartPole-v1 those settings fell behind the 2 passes (20 passes, 6 seeds:
+# 4.5 s unnormalized, most seeds unsolved in 25 s normalized): each batch costs the learner
+# ~20 steps there, and the queue holds the actors back while it trains. README, Time to solve.
+ENV_DEFAULTS = {
+    ("impala", "Acrobot-v1"): {
+        "learner": {"passes": 20, "gae_lambda": 0.8, "normalize_advantages": True,
+                    "entropy_cost": 0.0, "max_grad_norm": 0.5},
     },
 }  # fmt: skip
 
@@ -169,6 +184,7 @@ class Run:
         settings = {**agent, "log_level": config.log_level}
         atari = is_atari(config.env)
         on_policy = ON_POLICY_DEFAULTS.get(config.algorithm, {})
+        env_defaults = ENV_DEFAULTS.get((config.algorithm, config.env), {})
         for section, defaults in SERVICE_DEFAULTS.items():
             if section in on_policy:
                 defaults = on_policy[section] if section == "replay" else {
@@ -176,7 +192,12 @@ class Run:
             # The Atari learner and replay settings are DQN's; impala and ppo keep their own.
             extra = ATARI_DEFAULTS[section] if atari and not (
                 on_policy and section in ("learner", "replay")) else {}  # fmt: skip
-            settings[section] = {**defaults, **extra, **user_file.get(section, {})}
+            settings[section] = {
+                **defaults,
+                **extra,
+                **env_defaults.get(section, {}),
+                **user_file.get(section, {}),
+            }
         settings["learner"].setdefault("checkpoint_dir", str(run_dir / "checkpoints"))
         # The replay takes only the algorithm's columns: a misconfigured actor is refused,
         # naming the column, instead of poisoning the table.

@@ -82,6 +82,21 @@ def transitions(n: int, start: int = 0, obs_dim: int = 4) -> dict[str, np.ndarra
     }
 
 
+def unroll_learning(config, size: int):
+    """An impala or ppo learner for config and a batch of `size` random unrolls of its columns,
+    as the replay hands them over (torch tensors, actions 0 or 1)."""
+    import torch
+
+    from apexrl import algorithms
+
+    learning = algorithms.make(config).learning(config, torch.device("cpu"))
+    rng = np.random.default_rng(0)
+    batch = {c.name: torch.from_numpy(rng.random((size, *c.shape)).astype(c.dtype))
+             for c in algorithms.transition_columns(config)}  # fmt: skip
+    batch["actions"] = torch.from_numpy(rng.integers(0, 2, (size, config.unroll_length)))
+    return learning, batch
+
+
 def cartpole_transitions(n: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Random CartPole-shaped 3-step transitions, for a learner to train on."""
     rng = np.random.default_rng(seed)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from apexrl.algorithms.ppo.losses import gae, ppo_loss
+from tests.conftest import unroll_learning
 
 
 def column(*values):
@@ -166,3 +167,37 @@ def test_advantages_are_normalized_per_minibatch():
         logits[:1], actions[:1], old_log_probs[:1], torch.tensor([3.0]), values[:1], values[:1]
     )
     close(one, torch.tensor(-3.0))
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_ppo_learner_passes_normalize_advantages_on(monkeypatch, normalize):
+    from apexrl.algorithms.ppo import algorithm as ppo
+    from apexrl.config import LearnerConfig
+
+    seen = []
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["normalize_advantages"])
+        return ppo_loss(*args, **kwargs)
+
+    monkeypatch.setattr(ppo, "ppo_loss", recording)
+    config = LearnerConfig(algorithm="ppo", env="CartPole-v1", batch_size=2, epochs=2,
+                           minibatches=2, normalize_advantages=normalize)  # fmt: skip
+    learning, batch = unroll_learning(config, 2)
+    learning.update(batch, torch.ones(2), 1)
+    assert seen == [normalize] * 4
+
+
+def test_a_ratio_past_float_range_gives_finite_gradients():
+    """log ratios of a policy far from the batch's (an impala learner's, on unrolls of lagging
+    actors): exp would overflow to inf and a clipped step's zero gradient times inf is NaN."""
+    from apexrl.algorithms.ppo.losses import clipped_surrogate
+
+    log_ratio = torch.tensor([150.0, 150.0, -150.0, 0.1], requires_grad=True)
+    advantages = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    for clip in (0.2, None):
+        loss = clipped_surrogate(log_ratio, advantages, clip)
+        (grad,) = torch.autograd.grad(loss, log_ratio)
+        assert torch.isfinite(loss) and torch.isfinite(grad).all()
+        # the ordinary step still gets -A r / N
+        close(grad[3], torch.tensor(math.exp(0.1) / 4))

@@ -2,11 +2,11 @@
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
 from apexrl.algorithms.impala.vtrace import VTrace, impala_loss, vtrace
+from tests.conftest import unroll_learning
 
 
 def column(*values):
@@ -71,6 +71,31 @@ def test_off_policy_clipping(clip_rho, clip_c, clip_pg_rho, vs, pg):
     close(out.vs, column(*vs))
     close(out.pg_advantages, column(*pg))
     close(out.rhos, column(2.0, 0.5, 1.5))
+
+
+def test_lambda_shortens_the_traces():
+    # lam 0.5: c = 0.5 * (1, 0.5, 1); deltas 1.8, 0.35, 2.6 (rho = (1, 0.5, 1));
+    # v2 - V2 = 2.6, v1 - V1 = 0.35 + 0.9 * 0.25 * 2.6 = 0.935,
+    # v0 - V0 = 1.8 + 0.9 * 0.5 * 0.935 = 2.22075
+    # pg: 1 * (1 + 0.9 * 2.935 - 1), 0.5 * (0.9 * 5.6 - 2), 1 * (2 + 0.9 * 4 - 3)
+    out = vtrace(BEHAVIOUR, TARGET, REWARDS, DISCOUNTS, VALUES, BOOTSTRAP, lam=0.5)
+    close(out.vs, column(3.22075, 2.935, 5.6))
+    close(out.pg_advantages, column(2.6415, 1.52, 2.6))
+
+
+def test_on_policy_lambda_targets_are_gae():
+    """On-policy (rho = c = 1), v_s - V(x_s) with lambda is GAE(lambda)'s advantage."""
+    from apexrl.algorithms.ppo.losses import gae
+
+    g = torch.Generator().manual_seed(0)
+    rewards, values = torch.randn(6, 3, generator=g), torch.randn(6, 3, generator=g)
+    discounts = torch.full((6, 3), 0.9)
+    discounts[2, 1] = 0.0
+    bootstrap, log_probs = torch.randn(3, generator=g), torch.randn(6, 3, generator=g)
+    out = vtrace(log_probs, log_probs, rewards, discounts, values, bootstrap, lam=0.8)
+    advantages, returns = gae(rewards, discounts, values, bootstrap, 0.8)
+    close(out.vs - values, advantages)
+    close(out.vs, returns)
 
 
 def test_termination_hides_what_follows():
@@ -161,15 +186,10 @@ def test_impala_loss_by_hand():
 @pytest.mark.parametrize("passes", [1, 3])
 def test_impala_takes_passes_gradient_steps_on_each_batch(passes):
     """passes = n: n Adam steps on one batch."""
-    from apexrl import algorithms
     from apexrl.config import LearnerConfig
 
     config = LearnerConfig(algorithm="impala", env="CartPole-v1", batch_size=4, passes=passes)
-    learning = algorithms.make(config).learning(config, torch.device("cpu"))
-    rng = np.random.default_rng(0)
-    batch = {c.name: torch.from_numpy(rng.random((4, *c.shape)).astype(c.dtype))
-             for c in algorithms.transition_columns(config)}  # fmt: skip
-    batch["actions"] = torch.from_numpy(rng.integers(0, 2, (4, config.unroll_length)))
+    learning, batch = unroll_learning(config, 4)
     learning.update(batch, torch.ones(4), 1)
     steps = {int(state["step"]) for state in learning.optimizer.state.values()}
     assert steps == {passes}
@@ -182,3 +202,86 @@ def test_impala_refuses_passes_below_one():
     config = LearnerConfig(algorithm="impala", env="CartPole-v1", passes=0)
     with pytest.raises(ValueError, match="^passes"):
         algorithms.make(config).learning(config, torch.device("cpu"))
+
+
+def test_clipped_impala_loss_has_the_plain_gradient_at_the_start_and_none_past_the_clip():
+    """clip_range with start_log_probs: at ratio 1 the gradient is the plain policy term's; a
+    ratio past 1 + eps with a positive advantage gives that step no policy gradient, one inside
+    the clip the gradient of -r A."""
+    logits = torch.tensor([[[0.0, math.log(3.0)]], [[math.log(3.0), 0.0]]])  # [T=2, B=1, A=2]
+    actions = torch.tensor([[1], [0]])  # pi(a) = 0.75 at both steps
+    values = torch.zeros(2, 1)
+    targets = VTrace(torch.zeros(2, 1), torch.tensor([[1.0], [-2.0]]), torch.ones(2, 1))
+    log_pi = torch.log_softmax(logits, -1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+
+    def grad(start, clip):
+        leaf = logits.clone().requires_grad_(True)
+        impala_loss(leaf, actions, values, targets, 0.0, 0.0, start, clip)[0].backward()
+        return leaf.grad
+
+    close(grad(log_pi, 0.2), grad(None, None))
+    # The policy has moved since the start: r = 0.75 / 0.5 = 1.5 at step 0 (A = 1 > 0: past
+    # 1.2, clipped, no gradient), r = 0.75 / 0.9 at step 1 (A = -2: inside [0.8, 1.2]).
+    moved = grad(torch.log(torch.tensor([[0.5], [0.9]])), 0.2)
+    assert torch.all(moved[0] == 0)
+    # d/dlogits of -r A / T = r (onehot(a) - pi) at step 1 (A = -2, T = 2)
+    r = 0.75 / 0.9
+    close(moved[1], torch.tensor([[r * (1 - 0.75), r * (0 - 0.25)]]))
+
+
+def test_impala_loss_normalizes_the_advantages_when_asked():
+    logits = torch.tensor([[[0.0, 1.0]], [[0.5, 0.0]], [[0.0, -1.0]]])
+    actions, values = torch.tensor([[1], [0], [0]]), torch.zeros(3, 1)
+    advantages = column(1.0, 2.0, 6.0)  # mean 3, std (sample) sqrt(7)
+    scaled = (advantages - 3.0) / 7.0**0.5
+
+    def grad(pg, normalize):
+        leaf = logits.clone().requires_grad_(True)
+        targets = VTrace(torch.zeros(3, 1), pg, torch.ones(3, 1))
+        impala_loss(leaf, actions, values, targets, 0.0, 0.0, normalize=normalize)[0].backward()
+        return leaf.grad
+
+    close(grad(advantages, True), grad(scaled, False))
+    assert not torch.allclose(grad(advantages, False), grad(scaled, False))
+
+
+@pytest.mark.parametrize("passes", [1, 3])
+def test_impala_passes_share_one_vtrace_and_clip_against_the_first_policy(monkeypatch, passes):
+    """V-trace runs once per batch, with the config's lambda; every pass's loss gets those
+    targets and, with passes > 1, the log-probabilities of the policy before the first step and
+    the clip; one pass is the published loss (no start, no ratio)."""
+    from apexrl.algorithms.impala import algorithm as impala
+    from apexrl.config import LearnerConfig
+
+    traces, losses = [], []
+
+    def recording_vtrace(*args, **kwargs):
+        traces.append((args[1].detach().clone(), kwargs))
+        return vtrace(*args, **kwargs)
+
+    def recording_loss(logits, actions, values, targets, *args):
+        log_pi = torch.log_softmax(logits, -1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        losses.append((log_pi.detach().clone(), targets, *args))
+        return impala_loss(logits, actions, values, targets, *args)
+
+    monkeypatch.setattr(impala, "vtrace", recording_vtrace)
+    monkeypatch.setattr(impala, "impala_loss", recording_loss)
+    config = LearnerConfig(algorithm="impala", env="CartPole-v1", batch_size=4, passes=passes,
+                           clip_range=0.3, gae_lambda=0.7, learning_rate=0.05)  # fmt: skip
+    learning, batch = unroll_learning(config, 4)
+    learning.update(batch, torch.ones(4), 1)
+
+    assert len(traces) == 1 and traces[0][1] == {"lam": 0.7}
+    assert len(losses) == passes
+    first = traces[0][0]
+    for _, targets, value_cost, entropy_cost, start, clip, normalize in losses:
+        assert targets is losses[0][1]
+        assert (value_cost, entropy_cost, normalize) == (0.5, 0.01, True)
+        if passes == 1:
+            assert start is None
+        else:
+            close(start, first)
+            assert clip == 0.3 and not start.requires_grad
+    close(losses[0][0], first)
+    if passes > 1:
+        assert not torch.allclose(losses[-1][0], first)  # the later passes' policy has moved

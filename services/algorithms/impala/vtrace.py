@@ -23,6 +23,8 @@ from typing import NamedTuple
 import torch
 from torch.distributions import Categorical
 
+from apexrl.algorithms.ppo.losses import clipped_surrogate, normalized
+
 
 class VTrace(NamedTuple):
     vs: torch.Tensor  # [T, B] value targets v_s
@@ -41,16 +43,19 @@ def vtrace(
     clip_rho: float = 1.0,
     clip_c: float = 1.0,
     clip_pg_rho: float = 1.0,
+    lam: float = 1.0,
 ) -> VTrace:
     """V-trace targets, no gradient: clip_rho is rho-bar (fixed point), clip_c is c-bar (how far
     traces reach), clip_pg_rho clips the policy-gradient ratio; math.inf turns a clip off.
 
     v_s - V(x_s) = delta_s + discount_s * c_s * (v_{s+1} - V(x_{s+1})), from the back, with
-    delta_s = rho_s * (r_s + discount_s * V(x_{s+1}) - V(x_s)) and v_T = V(x_T).
+    delta_s = rho_s * (r_s + discount_s * V(x_{s+1}) - V(x_s)), v_T = V(x_T) and
+    c_s = lam * min(c-bar, rho_s): lam < 1 shortens the traces as in Retrace(lambda) (the
+    paper's remark after eq. (1); rlax's `lambda_`). On-policy it is GAE(lambda)'s recursion.
     """
     rhos = torch.exp(target_log_probs - behaviour_log_probs)
     clipped_rhos = rhos.clamp(max=clip_rho)
-    cs = rhos.clamp(max=clip_c)
+    cs = lam * rhos.clamp(max=clip_c)
     next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)])
     deltas = clipped_rhos * (rewards + discounts * next_values - values)
 
@@ -73,6 +78,9 @@ def impala_loss(
     targets: VTrace,
     baseline_cost: float = 0.5,
     entropy_cost: float = 0.01,
+    start_log_probs: torch.Tensor | None = None,
+    clip_range: float | None = None,
+    normalize: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The IMPALA loss of a discrete (softmax) policy and its figures (detached scalars).
 
@@ -82,9 +90,20 @@ def impala_loss(
       policy:   -log pi(a_t | x_t) * pg_advantage_t
       baseline: baseline_cost * 0.5 * (v_t - V(x_t))^2   (its gradient is v_t - V(x_t))
       entropy:  -entropy_cost * H(pi(. | x_t))          (a bonus: lowers the loss)
+    normalize: the pg advantages scaled to mean 0, std 1 over the batch first (as PPO's).
+    start_log_probs (log pi_0(a_t | x_t) [T, B], of the learner's policy when it computed
+    `targets`): the policy term becomes PPO's clipped surrogate on the V-trace advantages, as
+    RLlib's APPO has it, -min(r A, clip(r, 1 - eps, 1 + eps) A) with r = pi / pi_0 and eps
+    `clip_range` (None: -r A). At r = 1 its gradient is the plain term's; a learner taking
+    several steps on one batch stops pulling a ratio past the clip.
     """
     policy = Categorical(logits=logits)
-    policy_loss = -(policy.log_prob(actions) * targets.pg_advantages).mean()
+    log_pi = policy.log_prob(actions)
+    advantages = normalized(targets.pg_advantages) if normalize else targets.pg_advantages
+    if start_log_probs is None:
+        policy_loss = -(log_pi * advantages).mean()
+    else:
+        policy_loss = clipped_surrogate(log_pi - start_log_probs, advantages, clip_range)
     baseline_loss = 0.5 * (targets.vs - values).pow(2).mean()
     entropy = policy.entropy().mean()
     loss = policy_loss + baseline_cost * baseline_loss - entropy_cost * entropy

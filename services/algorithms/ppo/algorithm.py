@@ -36,6 +36,7 @@ class PPOLearning(UnrollLearning):
                     logits, flat["actions"][index], flat["log_probs"][index],
                     flat["advantages"][index], new_values, flat["returns"][index],
                     clip_range=clip, vf_coef=config.value_cost, ent_coef=config.entropy_cost,
+                    normalize_advantages=config.normalize_advantages,
                 )  # fmt: skip
                 self.step(loss)
         figures = {k: float(v) for k, v in figures.items()}

@@ -23,6 +23,8 @@ the gradient of log pi(a) * A: A2C's policy gradient.
 import torch
 import torch.nn.functional as F
 
+MAX_LOG_RATIO = 20.0
+
 
 @torch.no_grad()
 def gae(
@@ -72,23 +74,19 @@ def ppo_loss(
     normalize_advantages: A becomes (A - mean) / (std + 1e-8) over the minibatch (when it
     holds more than one sample).
     """
-    if normalize_advantages and advantages.numel() > 1:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    if normalize_advantages:
+        advantages = normalized(advantages)
     # log-softmax once for log pi(a) and the entropy (torch's Categorical would check and
     # normalize its arguments on every step: a fifth of a small network's step).
     log_pi = torch.log_softmax(logits, -1)
     log_ratio = log_pi.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - old_log_probs
-    ratio = torch.exp(log_ratio)
-    surrogate = ratio * advantages
-    if clip_range is not None:
-        clipped = ratio.clamp(1 - clip_range, 1 + clip_range) * advantages
-        surrogate = torch.min(surrogate, clipped)
-    policy_loss = -surrogate.mean()
+    policy_loss = clipped_surrogate(log_ratio, advantages, clip_range)
     value_loss = F.mse_loss(values, returns)
     entropy = -(log_pi.exp() * log_pi).sum(-1).mean()
     loss = policy_loss + vf_coef * value_loss - ent_coef * entropy
 
     with torch.no_grad():
+        ratio = torch.exp(log_ratio)
         # Schulman's low-variance estimator of KL(pi_old || pi), as SB3 reports it.
         approx_kl = ((ratio - 1) - log_ratio).mean()
         limit = torch.inf if clip_range is None else clip_range
@@ -102,3 +100,29 @@ def ppo_loss(
         "clip_fraction": clip_fraction,
     }
     return loss, figures
+
+
+def normalized(advantages: torch.Tensor) -> torch.Tensor:
+    """(A - mean) / (std + 1e-8), over all of A; unchanged when it holds one sample."""
+    if advantages.numel() < 2:
+        return advantages
+    return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+
+def clipped_surrogate(
+    log_ratio: torch.Tensor, advantages: torch.Tensor, clip_range: float | None
+) -> torch.Tensor:
+    """PPO's policy loss, -mean(min(r A, clip(r, 1 - clip_range, 1 + clip_range) A)) with
+    r = pi(a) / pi_old(a) = exp(log_ratio); clip_range None: -mean(r A), whose gradient at r = 1
+    is the policy gradient's, -A grad log pi(a).
+
+    log_ratio is capped at 20 (r = 4.9e8) first: a policy that far from the batch's (an
+    impala learner's can be, on unrolls its lagging actors acted) would overflow r to inf, and
+    the zero gradient of a clipped step times inf is NaN in every parameter.
+    """
+    ratio = torch.exp(log_ratio.clamp(max=MAX_LOG_RATIO))
+    surrogate = ratio * advantages
+    if clip_range is not None:
+        clipped = ratio.clamp(1 - clip_range, 1 + clip_range) * advantages
+        surrogate = torch.min(surrogate, clipped)
+    return -surrogate.mean()
