@@ -50,8 +50,8 @@ def vtrace(
 
     v_s - V(x_s) = delta_s + discount_s * c_s * (v_{s+1} - V(x_{s+1})), from the back, with
     delta_s = rho_s * (r_s + discount_s * V(x_{s+1}) - V(x_s)), v_T = V(x_T) and
-    c_s = lam * min(c-bar, rho_s): lam < 1 shortens the traces as in Retrace(lambda) (the
-    paper's remark after eq. (1); rlax's `lambda_`). On-policy it is GAE(lambda)'s recursion.
+    c_s = lam * min(c-bar, rho_s): lam < 1 shortens the traces as in Retrace(lambda) (a
+    variant the IMPALA paper notes; rlax's `lambda_`). On-policy it is GAE(lambda)'s recursion.
     """
     rhos = torch.exp(target_log_probs - behaviour_log_probs)
     clipped_rhos = rhos.clamp(max=clip_rho)
