@@ -99,11 +99,12 @@ ON_POLICY_DEFAULTS = {
 
 # One env's settings on top of its algorithm's, as rl-baselines3-zoo tunes PPO per env.
 # impala on Acrobot-v1 takes ppo's learning settings (20 passes, lambda 0.8, advantages
-# normalized, no entropy bonus, gradient norm 0.5; the passes clipped as APPO's): it solved in a
-# median 3.5-5.4 s and 18-28K env steps against 6.7 s and 99K with the 2 passes above (8
-# seeds each). On CartPole-v1 those settings fell behind the 2 passes (20 passes, 6 seeds:
-# 4.5 s unnormalized, most seeds unsolved in 25 s normalized): each batch costs the learner
-# ~20 steps there, and the queue holds the actors back while it trains. README, Time to solve.
+# normalized, no entropy bonus, gradient norm 0.5; the passes clipped as APPO's): it solved in
+# medians of 2.4-5.4 s and 16-28K env steps against 6.7 s and 99K with the 2 passes above
+# (4 batches of 8 seeds against 1). On CartPole-v1 those settings fell behind the 2 passes
+# (20 passes, 6 seeds: 4.5 s unnormalized, most seeds unsolved in 25 s normalized): each
+# batch costs the learner ~20 steps there, and the queue holds the actors back while it
+# trains. README, Time to solve.
 ENV_DEFAULTS = {
     ("impala", "Acrobot-v1"): {
         "learner": {"passes": 20, "gae_lambda": 0.8, "normalize_advantages": True,
