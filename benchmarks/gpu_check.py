@@ -3,14 +3,16 @@
     .venv/bin/python benchmarks/gpu_check.py     # on a machine with an NVIDIA GPU (or CPU)
 
 Builds the learner on --device auto through its own code, for CartPole (MLP, batch 256) and
-Atari (ALE/Pong-v5: Nature CNN, batch 512, compressed frames), and prints one JSON line each:
+Atari (ALE/Pong-v5: Nature CNN, batch 512, compressed frames; in float32 and again with
+precision bfloat16), and prints one JSON line each:
 - input_batches_per_s: the input pipeline alone (Learner.to_device: zstd frames decompressed,
   pinned memory and the copy to the device on CUDA), what the prefetch thread does per batch;
 - learner_updates_per_s, the headline: the training thread's per-update work
   (Learner._update on a batch already decoded: the double-DQN step, new priorities back to
   the host, a sync, target syncs and publishing at their intervals);
 - max_td_difference_vs_cpu: the same update's TD errors on the device and on the CPU.
-The last line is one JSON object: gpu_learner_updates_per_s (Atari, batch 512) and the rest.
+The last line is one JSON object: gpu_learner_updates_per_s (Atari, batch 512, at the
+precision local mode's Atari default `auto` picks on that device) and the rest.
 """
 
 import json
@@ -28,7 +30,7 @@ from apexrl.algorithms.networks import load_numpy_state, state_to_numpy
 from apexrl.config import LearnerConfig
 from apexrl.learner.metrics import LearnerMetrics
 from apexrl.learner.parameters import ParameterStore
-from apexrl.learner.training import Learner, pick_device
+from apexrl.learner.training import Learner, native_bfloat16, pick_device
 from apexrl.replay.client import SampledBatch
 
 
@@ -51,11 +53,13 @@ def sampled_batch(algorithm, size: int) -> SampledBatch:
                         np.full(size, 1 / size), np.ones(size, np.float32), size)  # fmt: skip
 
 
-def learner_for(env: str, device: torch.device, size: int) -> Learner:
+def learner_for(env: str, device: torch.device, size: int, precision: str = "float32") -> Learner:
     # One CPU thread per process is what the services use on CPU (threads oversubscribed on a
     # busy machine slow torch down several times); a GPU learner's CPU threads matter little.
     threads = torch.get_num_threads() if device.type == "cuda" else 1
-    config = LearnerConfig(env=env, device=str(device), batch_size=size, threads=threads)
+    config = LearnerConfig(
+        env=env, device=str(device), batch_size=size, threads=threads, precision=precision
+    )
     metrics = LearnerMetrics(prometheus_client.CollectorRegistry())
     return Learner(config, algorithms.make(config), metrics, ParameterStore())
 
@@ -72,12 +76,13 @@ def rate(fn, seconds: float, sync) -> float:
 
 
 def td_difference_vs_cpu(learner: Learner, cpu: Learner, sampled: SampledBatch) -> float:
-    """Largest |difference| of one update's TD errors on the learner's device and on the CPU,
-    from the same weights and batch."""
+    """Largest |difference| of one update's TD errors on the learner's device (at its
+    precision) and on the CPU in float32, from the same weights and batch."""
     for source, target in ((learner.learning.online, cpu.learning.online),
                            (learner.learning.target, cpu.learning.target)):  # fmt: skip
         load_numpy_state(target, state_to_numpy(source))
-    td_device, _ = learner.learning.update(*learner.to_device(sampled)[:2], 1)
+    with learner.autocast():
+        td_device, _ = learner.learning.update(*learner.to_device(sampled)[:2], 1)
     td_cpu, _ = cpu.learning.update(*cpu.to_device(sampled)[:2], 1)
     return float((td_device.cpu() - td_cpu).abs().max())
 
@@ -88,8 +93,12 @@ def main(seconds: float = 5.0) -> None:
     figures = {"device": str(device)}
     if device.type == "cuda":
         figures["cuda"] = torch.cuda.get_device_name(0)
-    for name, env, size in (("cartpole", "CartPole-v1", 256), ("atari", "ALE/Pong-v5", 512)):
-        learner = learner_for(env, device, size)
+    for name, env, size, precision in (
+        ("cartpole", "CartPole-v1", 256, "float32"),
+        ("atari", "ALE/Pong-v5", 512, "float32"),
+        ("atari_bfloat16", "ALE/Pong-v5", 512, "bfloat16"),
+    ):
+        learner = learner_for(env, device, size, precision)
         sampled = sampled_batch(learner.algorithm, size)
         item = learner.to_device(sampled)
         priorities: queue.Queue = queue.Queue()
@@ -101,6 +110,7 @@ def main(seconds: float = 5.0) -> None:
         line = {
             "shape": name,
             "batch": size,
+            "precision": precision,
             "input_batches_per_s": round(rate(partial(learner.to_device, sampled), seconds, sync), 1),
             "learner_updates_per_s": round(rate(update, seconds, sync), 1),
             "max_td_difference_vs_cpu": td_difference_vs_cpu(
@@ -110,8 +120,10 @@ def main(seconds: float = 5.0) -> None:
         print(json.dumps(line), flush=True)
         figures[f"{name}_learner_updates_per_s"] = line["learner_updates_per_s"]
         figures[f"{name}_input_batches_per_s"] = line["input_batches_per_s"]
+    # The headline is what Atari's local-mode default (precision auto) runs on this device.
+    best = "atari_bfloat16" if native_bfloat16(device) else "atari"
     key = "gpu_learner_updates_per_s" if device.type == "cuda" else "cpu_learner_updates_per_s"
-    figures[key] = figures["atari_learner_updates_per_s"]
+    figures[key] = figures[f"{best}_learner_updates_per_s"]
     print(json.dumps(figures), flush=True)
 
 

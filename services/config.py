@@ -275,6 +275,13 @@ class LearnerConfig(AgentConfig, ClientTLSConfig, ServeConfig):
         " every version (evaluator window); 0 keeps the newest only",
     )
     threads: int = option(1, "torch CPU threads (one process per core keeps 2-core machines fair)")
+    precision: str = option(
+        "float32",
+        "float32; bfloat16: each update's forward and backward passes under torch.autocast in"
+        " bfloat16 (weights, gradients and Adam's state stay float32); auto: bfloat16 where the"
+        " device computes it natively (CUDA with bf16, CPUs with AVX-512 BF16 or AMX), float32"
+        " elsewhere",
+    )
 
 
 @dataclass

@@ -53,7 +53,12 @@ SERVICE_DEFAULTS = {
 # steps).
 ATARI_DEFAULTS = {
     "replay": {"min_size_to_sample": 2_000, "samples_per_insert": 2.0, "error_buffer": 4_000.0},
-    "learner": {"batch_size": 32, "learning_rate": 1e-4, "target_update_interval": 250},
+    "learner": {
+        "batch_size": 32,
+        "learning_rate": 1e-4,
+        "target_update_interval": 250,
+        "precision": "auto",
+    },
     "actor": {"num_envs": 4},
     "evaluator": {"episodes": 2, "confirm_episodes": 4, "interval": 30.0, "window": 0},
 }

@@ -39,6 +39,23 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The dtype updates autocast to (None: plain float32), from the `precision` setting."""
+    if precision not in ("float32", "bfloat16", "auto"):
+        raise ValueError(f"precision must be float32, bfloat16 or auto, got {precision!r}")
+    if precision == "auto":
+        precision = "bfloat16" if native_bfloat16(device) else "float32"
+    return torch.bfloat16 if precision == "bfloat16" else None
+
+
+def native_bfloat16(device: torch.device) -> bool:
+    """Whether `device` computes bfloat16 in hardware (emulated, it is slower than float32)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    supported = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    return device.type == "cpu" and supported()
+
+
 class Learner:
     """An algorithm's Learning, its counters and parameter versions; trains until told to stop."""
 
@@ -54,6 +71,9 @@ class Learner:
     ):
         self.config, self.algorithm, self.metrics, self.store = config, algorithm, metrics, store
         self.device = pick_device(config.device)
+        self.autocast_dtype = autocast_dtype(config.precision, self.device)
+        precision = "bfloat16 autocast" if self.autocast_dtype else "float32"
+        log.info("%s learner on %s, updates in %s", algorithm.name, self.device, precision)
         torch.set_num_threads(config.threads)
         if config.seed:
             torch.manual_seed(config.seed)
@@ -75,6 +95,13 @@ class Learner:
             metrics.update_step.set(self.update_step)
         if self.store.version == 0:
             self.publish()
+
+    def autocast(self) -> torch.autocast:
+        """What updates run under: with precision bfloat16, convolutions and matrix products
+        in bfloat16 (AMX on this kind of CPU: a Pong update of 32 ~2x faster); Adam's float32
+        state and the weights untouched."""
+        dtype = self.autocast_dtype
+        return torch.autocast(self.device.type, dtype, enabled=dtype is not None)
 
     # --- parameters and checkpoints --------------------------------------------------------
 
@@ -241,7 +268,8 @@ class Learner:
         if "version" in columns:  # unrolls: how far behind the learner their actors were
             lag = self.store.version - columns["version"].float().mean().item()
             self.metrics.policy_lag.set(lag)
-        td_errors, figures = self.learning.update(columns, weights, self.update_step + 1)
+        with self.autocast():
+            td_errors, figures = self.learning.update(columns, weights, self.update_step + 1)
         self.update_step += 1
         self.samples_consumed += len(keys)
         td_errors = td_errors.cpu().numpy()

@@ -1,10 +1,13 @@
 """Atari through the real services: actors compress stacked frames, the replay stores and
 checks them without a codec, the learner decodes them off the training thread."""
 
+import queue
+
 import grpc
 import numpy as np
 import prometheus_client
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +18,7 @@ from apexrl.common.codec import Packed
 from apexrl.config import AgentConfig, LearnerConfig
 from apexrl.learner.metrics import LearnerMetrics
 from apexrl.learner.parameters import ParameterStore
-from apexrl.learner.training import Learner
+from apexrl.learner.training import Learner, autocast_dtype, native_bfloat16
 from apexrl.replay.client import ReplayClient, SampledBatch, insert_request
 from tests.conftest import in_process_replay, metric, wait_for
 
@@ -111,6 +114,59 @@ def test_learner_drops_items_whose_frames_do_not_decode():
     np.testing.assert_array_equal(columns["obs"].numpy(), obs[[0, 2], 0])
     np.testing.assert_array_equal(columns["next_obs"].numpy(), obs[[0, 2], 1])
     assert registry.get_sample_value("apexrl_learner_decode_failures_total") == 1
+
+
+def pong_learner(**settings) -> Learner:
+    config = LearnerConfig(env=PONG, device="cpu", **settings)
+    registry = prometheus_client.CollectorRegistry()
+    return Learner(config, algorithms.make(config), LearnerMetrics(registry), ParameterStore())
+
+
+def test_a_bfloat16_update_keeps_float32_state_and_float32s_priorities_within_its_precision():
+    """precision bfloat16 runs the update's passes under autocast: the weights, their gradients
+    and Adam's state stay float32, and the new priorities and the step stay those of float32 to
+    bfloat16's precision (8 bits of mantissa)."""
+    rng = np.random.default_rng(0)
+    n = 32
+    columns = {
+        "obs": torch.from_numpy(rng.integers(0, 255, (n, 4, 84, 84), dtype=np.uint8)),
+        "next_obs": torch.from_numpy(rng.integers(0, 255, (n, 4, 84, 84), dtype=np.uint8)),
+        "action": torch.from_numpy(rng.integers(0, 6, n)),
+        "reward": torch.from_numpy(rng.choice([-1.0, 0.0, 1.0], n).astype(np.float32)),
+        "discount": torch.full((n,), 0.97),
+    }
+    priorities, steps = {}, {}
+    for precision in ("float32", "bfloat16"):
+        learner = pong_learner(precision=precision, seed=1)
+        before = [p.detach().clone() for p in learner.learning.online.parameters()]
+        sink = queue.Queue()
+        learner._update(columns, torch.ones(n), np.arange(n), sink)
+        priorities[precision] = sink.get_nowait()[1]
+        after = list(learner.learning.online.parameters())
+        steps[precision] = torch.cat(
+            [(a.detach() - b).flatten() for a, b in zip(after, before, strict=True)]
+        )
+        state = [t for s in learner.learning.optimizer.state.values() for t in s.values()]
+        assert {p.dtype for p in after} | {p.grad.dtype for p in after} == {torch.float32}
+        assert {t.dtype for t in state if t.dim()} == {torch.float32}
+    np.testing.assert_allclose(priorities["bfloat16"], priorities["float32"], atol=0.005)
+    assert not np.array_equal(priorities["bfloat16"], priorities["float32"])  # autocast ran
+    agree = (steps["bfloat16"].sign() == steps["float32"].sign()).float().mean().item()
+    assert agree > 0.95, f"only {agree:.1%} of the weights stepped the same way"
+
+
+@pytest.mark.parametrize("precision", ["float16", "bf16", ""])
+def test_an_unknown_precision_is_refused_naming_the_setting(precision):
+    with pytest.raises(ValueError, match="precision must be float32, bfloat16 or auto"):
+        pong_learner(precision=precision)
+
+
+def test_auto_precision_is_bfloat16_exactly_where_the_cpu_computes_it():
+    assert autocast_dtype("auto", torch.device("cpu")) == (
+        torch.bfloat16 if native_bfloat16(torch.device("cpu")) else None
+    )
+    assert autocast_dtype("float32", torch.device("cpu")) is None
+    assert autocast_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
 
 
 @pytest.fixture(scope="module")
