@@ -18,7 +18,9 @@ a real `apexrl replay` process, the shipping ReplayClient at the services' batch
    call) while one process samples batches of 512 through sample_stream, for `seconds`,
    rate limiter off. Ape-X's rates: 12.5K inserts/s with 19 batches/s of 512.
 3. Learner input: batches of 512 sampled and decoded (Learner.to_device without the SGD step).
-4. Learner updates/s on this CPU: Nature CNN, batch 512 (and 32, local mode's CPU setting).
+4. Learner updates/s on this CPU: Nature CNN, batch 512 (and 32, local mode's CPU setting),
+   in float32 and with precision bfloat16 (autocast; Atari's default `auto` on this CPU),
+   one torch thread, medians of 3 timings.
 5. Checkpoint stall: a replay holding `stall_items` (1M) compressed Pong transitions; one
    thread samples 512 at a time, another inserts 64 at a time, for `seconds` without and then
    with a Checkpoint call: the slowest call of each kind, both ways.
@@ -159,7 +161,7 @@ def _sampler(address, start, stop, counts, index, decode: bool) -> None:
                 break
 
 
-def _decoder():
+def _decoder(precision: str = "float32"):
     """A CPU learner for Pong: its to_device is the input pipeline's decode (no SGD step)."""
     import prometheus_client
 
@@ -169,7 +171,7 @@ def _decoder():
     from apexrl.learner.parameters import ParameterStore
     from apexrl.learner.training import Learner
 
-    config = LearnerConfig(env="ALE/Pong-v5", device="cpu", batch_size=512)
+    config = LearnerConfig(env="ALE/Pong-v5", device="cpu", batch_size=512, precision=precision)
     metrics = LearnerMetrics(prometheus_client.CollectorRegistry())
     return Learner(config, algorithms.make(config), metrics, ParameterStore())
 
@@ -270,12 +272,12 @@ def checkpoint_stall(items: int, seconds: float, folder: Path, batches: list[dic
     return figures
 
 
-def learner_updates_per_s(batch_size: int, updates: int) -> float:
+def learner_updates_per_s(batch_size: int, updates: int, precision: str) -> float:
     import queue
 
     import torch
 
-    learner = _decoder()
+    learner = _decoder(precision)
     learner.config.batch_size = batch_size
     n = batch_size
     columns = {
@@ -286,11 +288,14 @@ def learner_updates_per_s(batch_size: int, updates: int) -> float:
         "discount": torch.full((n,), 0.97),
     }
     weights, keys, sink = torch.ones(n), np.arange(n), queue.Queue()
-    learner._update(columns, weights, keys, sink)  # warm-up
-    started = time.perf_counter()
-    for _ in range(updates):
+    rates = []
+    for _ in range(3):  # the median of 3 timings, each after a warm-up update
         learner._update(columns, weights, keys, sink)
-    return round(updates / (time.perf_counter() - started), 2)
+        started = time.perf_counter()
+        for _ in range(updates):
+            learner._update(columns, weights, keys, sink)
+        rates.append(updates / (time.perf_counter() - started))
+    return round(statistics.median(rates), 2)
 
 
 FRAME_SKIP = 4  # env frames per agent step (AtariPreprocessing's frame_skip)
@@ -357,7 +362,11 @@ def main() -> None:
     inputs = [rates(batches, 1, args.seconds, folder, decode=True) for _ in range(args.repeats)]
     for r in inputs:
         print(json.dumps({"learner_input_with_one_writer": r}), flush=True)
-    updates = {b: learner_updates_per_s(b, 3 if b > 64 else 20) for b in (512, 32)}
+    updates = {
+        f"{precision}_{b}": learner_updates_per_s(b, 3 if b > 64 else 20, precision)
+        for b in (512, 32)
+        for precision in ("float32", "bfloat16")
+    }
     print(json.dumps({"learner_updates_per_s_cpu": updates}), flush=True)
     stall = checkpoint_stall(args.stall_items, args.seconds, folder, batches)
     print(json.dumps({"checkpoint_stall": stall}), flush=True)
@@ -369,8 +378,10 @@ def main() -> None:
         "atari_sample_transitions_per_s": statistics.median(r["sample_transitions_per_s"] for r in runs),
         "atari_sample_batches_per_s": statistics.median(r["sample_batches_per_s"] for r in runs),
         "atari_learner_input_batches_per_s": statistics.median(r["sample_batches_per_s"] for r in inputs),
-        "atari_learner_updates_per_s": updates[512],
-        "atari_learner_updates_per_s_batch_32": updates[32],
+        "atari_learner_updates_per_s": updates["float32_512"],
+        "atari_learner_updates_per_s_batch_32": updates["float32_32"],
+        "atari_learner_updates_per_s_bfloat16": updates["bfloat16_512"],
+        "atari_learner_updates_per_s_bfloat16_batch_32": updates["bfloat16_32"],
         "atari_checkpoint_max_extra_wait_ms": stall["max_extra_wait_ms"],
     }  # fmt: skip
     if args.learn_minutes:
