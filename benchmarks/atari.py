@@ -318,7 +318,8 @@ def learn(minutes: float, folder: Path, seed: int) -> dict:
     run_dir = folder / "pong"
     rows = run_local_pong(minutes * 60, run_dir, seed=seed)
     evaluated = [r for r in rows if r["eval_mean_return"] not in ("", "nan")]
-    best = [float(r["eval_best_mean_return"] or "nan") for r in evaluated]
+    best = [float(r["eval_best_mean_return"]) for r in evaluated
+            if r["eval_best_mean_return"] not in ("", "nan")]  # fmt: skip
     curve = [(float(r["seconds"]), float(r["env_steps"]) * FRAME_SKIP,
               float(r["eval_mean_return"])) for r in evaluated]  # fmt: skip
     return {
@@ -326,7 +327,7 @@ def learn(minutes: float, folder: Path, seed: int) -> dict:
         "curve_seconds_frames_score": curve[:: max(1, len(curve) // 30)],
         "best_score": max((c[2] for c in curve), default=math.nan),
         # the evaluator's best model: a new best's score over all of its episodes (2 + 4 here)
-        "best_model_score": max((b for b in best if not math.isnan(b)), default=math.nan),
+        "best_model_score": max(best, default=math.nan),
         "env_frames": float(rows[-1]["env_steps"]) * FRAME_SKIP if rows else 0,
         "updates": float(rows[-1]["updates"]) if rows else 0,
     }
