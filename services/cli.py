@@ -46,29 +46,29 @@ def replay(argv: list[str]) -> None:
 
 
 def learner(argv: list[str]) -> None:
-    from apexrl.learner import service
+    from apexrl.learner import server
 
     config, registry = _setup(cfg.LearnerConfig, argv, "learner")
-    _serve(config, service.build, "learner", registry)
+    _serve(config, server.build, "learner", registry)
 
 
 def actor(argv: list[str]) -> None:
-    from apexrl.actor import service
+    from apexrl.actor import loop
 
     config, registry = _setup(cfg.ActorConfig, argv, "actor")
     try:
-        metrics = service.register_metrics(config, registry)
+        metrics = loop.register_metrics(config, registry)
     except ValueError as err:  # an unknown algorithm
         _refuse("actor", err)
-    _work(config, functools.partial(service.run, metrics=metrics), "actor", registry)
+    _work(config, functools.partial(loop.run, metrics=metrics), "actor", registry)
 
 
 def evaluator(argv: list[str]) -> None:
-    from apexrl.evaluator import service
+    from apexrl.evaluator import loop
 
     config, registry = _setup(cfg.EvaluatorConfig, argv, "evaluator")
-    metrics = service.EvaluatorMetrics(registry)
-    _work(config, functools.partial(service.run, metrics=metrics), "evaluator", registry)
+    metrics = loop.EvaluatorMetrics(registry)
+    _work(config, functools.partial(loop.run, metrics=metrics), "evaluator", registry)
 
 
 def local(argv: list[str]) -> None:

@@ -25,7 +25,7 @@ from apexrl.algorithms.base import Algorithm
 from apexrl.algorithms.columns import unpack
 from apexrl.common.codec import Packed
 from apexrl.config import LearnerConfig
-from apexrl.learner import checkpoints
+from apexrl.learner import checkpoint
 from apexrl.learner.metrics import LearnerMetrics
 from apexrl.learner.parameters import ParameterStore
 from apexrl.replay.client import ReplayClient
@@ -85,7 +85,7 @@ class Learner:
         self.stop = threading.Event()
         self.helpers: list[threading.Thread] = []
         meta = (
-            checkpoints.resume(config, algorithm.name, self.learning)
+            checkpoint.resume(config, algorithm.name, self.learning)
             if config.checkpoint_dir
             else None
         )
@@ -120,7 +120,7 @@ class Learner:
             "samples_consumed": self.samples_consumed,
         }
         try:
-            checkpoints.save(self.config, self.algorithm.name, self.learning, counters)
+            checkpoint.save(self.config, self.algorithm.name, self.learning, counters)
         except OSError as err:  # a full or failing disk: keep training on, keep the old files
             self.metrics.checkpoint_failures.inc()
             log.error("checkpoint failed, previous ones kept: %s", err)

@@ -9,7 +9,7 @@ import pytest
 from apexrl import algorithms
 from apexrl.algorithms.networks import state_to_numpy
 from apexrl.config import EvaluatorConfig, LearnerConfig
-from apexrl.evaluator import service as evaluator
+from apexrl.evaluator import loop as evaluator
 from apexrl.learner.parameters import ParameterStore
 from tests.conftest import serve_learner, wait_for
 

@@ -106,7 +106,7 @@ def test_a_bad_history_is_refused_naming_it(bad):
     import prometheus_client
 
     from apexrl.config import LearnerConfig
-    from apexrl.learner.service import build
+    from apexrl.learner.server import build
 
     with pytest.raises(ValueError, match="history_mb"):
         build(LearnerConfig(history_mb=bad), prometheus_client.CollectorRegistry())

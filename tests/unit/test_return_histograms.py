@@ -5,8 +5,8 @@ returns of Pendulum or Acrobot."""
 import prometheus_client
 import pytest
 
-from apexrl.actor.service import ActorMetrics
-from apexrl.evaluator.service import EvaluatorMetrics
+from apexrl.actor.loop import ActorMetrics
+from apexrl.evaluator.loop import EvaluatorMetrics
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The learner service: trains an algorithm from replay in a thread (learner/training.py) and
+"""The learner service, wired: trains an algorithm from replay in a thread (learner/training.py) and
 serves its parameters, leases and evaluation reports over gRPC (learner/servicer.py).
 
 The asyncio loop serves GetParameters from the newest published version, encoded once (or,
