@@ -49,7 +49,7 @@ RAW_PAIR_BYTES = 2 * 4 * 84 * 84
 def played_transitions(game: str, count: int, seed: int = 0) -> list[dict]:
     """Insert batches of 64 packed transitions, played by random actors as the actor does."""
     from apexrl import algorithms
-    from apexrl.actor.nstep import NStepAdder
+    from apexrl.algorithms.adders.nstep import NStepAdder
     from apexrl.algorithms.columns import pack
     from apexrl.algorithms.envs import final_observations, make_vector_env
     from apexrl.config import AgentConfig
@@ -61,7 +61,7 @@ def played_transitions(game: str, count: int, seed: int = 0) -> list[dict]:
     while made < count:
         actions = envs.action_space.sample()
         next_obs, rewards, terminated, truncated, infos = envs.step(actions)
-        out = adder.add(
+        out = adder.record(
             obs, actions, np.clip(rewards, -1, 1), terminated, truncated,
             final_observations(next_obs, infos),
         )  # fmt: skip

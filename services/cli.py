@@ -4,6 +4,7 @@ Local mode, containers and Kubernetes all start the services through these comma
 """
 
 import asyncio
+import dataclasses
 import functools
 import sys
 
@@ -12,7 +13,12 @@ from apexrl.common.serving import configure_logging, new_registry, run_worker, s
 
 
 def _setup(cls, argv: list[str], section: str):
-    config = cfg.parse(cls, argv, section, f"apexrl {section}")
+    registry = None
+    if any(f.name == "algorithm" for f in dataclasses.fields(cls)):
+        from apexrl import algorithms  # torch-free; the replay never imports it
+
+        registry = algorithms.REGISTRY
+    config = cfg.parse(cls, argv, section, f"apexrl {section}", registry)
     configure_logging(config.log_level)
     return config, new_registry()
 
@@ -78,16 +84,16 @@ def local(argv: list[str]) -> None:
 
 
 def evaluate(argv: list[str]) -> None:
-    from apexrl import local as local_mode
+    from apexrl import play
 
-    sys.exit(local_mode.eval_main(argv))
+    sys.exit(play.main(argv))
 
 
 COMMANDS = {
     "local": (local, "run replay, learner, actors and evaluator as processes on loopback"),
     "replay": (replay, "prioritized experience replay server"),
-    "learner": (learner, "trains the Q network from replay, serves parameters to actors"),
-    "actor": (actor, "acts in gymnasium envs, inserts n-step transitions into replay"),
+    "learner": (learner, "trains the algorithm from replay, serves parameters to actors"),
+    "actor": (actor, "acts in gymnasium envs, inserts the algorithm's items into replay"),
     "evaluator": (evaluator, "plays the newest parameters greedily, reports returns"),
     "eval": (evaluate, "plays a learner checkpoint greedily and prints the returns"),
 }

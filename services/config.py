@@ -73,18 +73,17 @@ class AgentConfig:
     algorithm: str = option(
         "dqn",
         "dqn (discrete actions) or dpg (continuous), off-policy from prioritized replay; impala"
-        " or ppo (discrete, on-policy unrolls from a queue table): the whole stack acts and"
-        " learns by it",
+        " or ppo (discrete, on-policy unrolls from a queue table); or 'module:Builder', an"
+        " algorithm defined elsewhere. Its own settings are the config file's [<algorithm>]"
+        " table (`--algorithm NAME --help` lists them)",
     )
     env: str = option("CartPole-v1", "gymnasium environment id")
     hidden: str = option(
         "",
         "hidden layer sizes of the MLP torsos (vector observations), e.g. '128,128'; empty: the"
-        " algorithm's default (dqn, dpg: 128,128; impala, ppo: 64,64)",
+        " algorithm's default",
     )
     gamma: float = option(0.99, "discount factor")
-    n_step: int = option(3, "n of the n-step returns the actors build")
-    unroll_length: int = option(32, "impala, ppo: env steps in each unroll an actor writes")
     sticky_actions: float = option(
         0.25, "Atari: probability the emulator repeats the previous action (ALE v5's default)"
     )
@@ -95,6 +94,8 @@ class AgentConfig:
     priority_epsilon: float = option(
         1e-3, "priority = |TD error| + this (actors' initial ones and the learner's updates)"
     )
+    # The algorithm's own settings (its Settings dataclass), filled by parse(); None: defaults.
+    algo: Any = field(default=None, metadata={"internal": True})
 
 
 def file_option(help: str) -> Any:
@@ -216,7 +217,8 @@ class ReplayConfig(ServeConfig):
 
 @dataclass
 class LearnerConfig(AgentConfig, ClientTLSConfig, ServeConfig):
-    """apexrl learner: trains the Q network from replay and serves its parameters to actors."""
+    """apexrl learner: trains the algorithm's networks from replay and serves their parameters to
+    actors and the evaluator."""
 
     port: int = option(50052, "gRPC port (0 picks a free one; see --ready-file)")
     metrics_port: int = option(9101, "Prometheus /metrics HTTP port (0 picks a free one)")
@@ -228,13 +230,14 @@ class LearnerConfig(AgentConfig, ClientTLSConfig, ServeConfig):
     device: str = option(
         "auto", "torch device: auto (CUDA when present, else CPU), cpu, cuda, cuda:N"
     )
-    batch_size: int = option(256, "transitions per update")
+    batch_size: int = option(256, "items (transitions, unrolls) per update")
     learning_rate: float = option(2e-3, "Adam learning rate")
     max_grad_norm: float = option(10.0, "gradient norm clipping")
-    target_update_interval: int = option(50, "updates between target network syncs")
     beta: float = option(0.4, "importance-sampling exponent sent with each sample request")
     publish_interval: int = option(
-        10, "updates between parameter versions for actors (ppo: every update, whatever this says)"
+        10,
+        "updates between parameter versions for actors (an algorithm whose batches must come"
+        " from the newest version, as ppo's, publishes after every update)",
     )
     prefetch: int = option(4, "sampled batches buffered ahead of the training step")
     lease_seconds: float = option(
@@ -245,30 +248,6 @@ class LearnerConfig(AgentConfig, ClientTLSConfig, ServeConfig):
         300.0, "seconds between periodic checkpoints (0: only on SIGTERM)"
     )
     max_updates: int = option(0, "stop training after this many updates (0: never)")
-    entropy_cost: float = option(0.01, "impala, ppo: weight of the entropy bonus")
-    value_cost: float = option(0.5, "impala, ppo: weight of the value (baseline) loss")
-    gae_lambda: float = option(
-        0.95,
-        "ppo: lambda of generalized advantage estimation; impala: V-trace's lambda (traces"
-        " c_s = lambda * min(1, rho_s); 1 as published)",
-    )
-    normalize_advantages: bool = option(
-        True,
-        "impala, ppo: advantages scaled to mean 0, std 1 (ppo: per minibatch, as SB3; impala:"
-        " per batch; false as IMPALA is published)",
-    )
-    clip_range: float = option(
-        0.2,
-        "ppo: the ratio clip epsilon; 0 = unclipped (with epochs = 1: A2C). impala, passes > 1:"
-        " the same clip, of the ratio to the policy before the batch's first step (APPO)",
-    )
-    epochs: int = option(10, "ppo: passes over each fresh batch (1, with clip_range 0: A2C)")
-    minibatches: int = option(4, "ppo: minibatches per epoch")
-    passes: int = option(
-        1,
-        "impala: gradient steps on each batch of unrolls (1: as published; more: APPO's reuse,"
-        " V-trace's targets computed once, then clipped surrogate steps)",
-    )
     history_mb: float = option(
         0.0,
         "MB of recent parameter versions kept besides the newest, for evaluators that play"
@@ -286,7 +265,8 @@ class LearnerConfig(AgentConfig, ClientTLSConfig, ServeConfig):
 
 @dataclass
 class ActorConfig(AgentConfig, ClientTLSConfig, ProcessConfig):
-    """apexrl actor: epsilon-greedy on its copy of the network; n-step transitions to replay."""
+    """apexrl actor: acts in envs with the algorithm's behaviour policy on its copy of the
+    parameters; the algorithm's items (n-step transitions, unrolls) to replay."""
 
     metrics_port: int = option(9102, "Prometheus /metrics HTTP port (0 picks a free one)")
     replay: str = option(
@@ -297,7 +277,9 @@ class ActorConfig(AgentConfig, ClientTLSConfig, ProcessConfig):
     learner: str = option("127.0.0.1:50052", "learner server address")
     num_envs: int = option(8, "environments stepped together (batched inference)")
     pull_interval: int = option(400, "env steps between parameter pulls (Ape-X: 400)")
-    insert_batch: int = option(64, "transitions per insert")
+    insert_batch: int = option(
+        64, "items per insert (adders whose items the learner waits for insert each at once)"
+    )
     life_loss_terminal: bool = option(
         False, "Atari: a lost life ends the n-step returns (training only; the game goes on)"
     )
@@ -351,7 +333,39 @@ def env_name(name: str) -> str:
     return "APEXRL_" + name.upper()
 
 
-def build_parser(cls: type, prog: str) -> argparse.ArgumentParser:
+SECTIONS = ("replay", "learner", "actor", "evaluator", "local", "eval")
+
+
+@dataclass(frozen=True)
+class Algorithms:
+    """What parse() needs of the algorithm registry (the config layer imports no algorithm)."""
+
+    names: tuple[str, ...]  # the registered algorithms: their tables are algorithm tables
+    settings: Any  # name -> (its table name, its Settings dataclass); ValueError if unknown
+
+
+def _fields(cls: type) -> list:
+    return [f for f in dataclasses.fields(cls) if not f.metadata.get("internal")]
+
+
+def _add_flags(parser, fields: list) -> None:
+    for f in fields:
+        if f.metadata.get("file_only"):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"{f.metadata['help']} (env {env_name(f.name)})"
+        if f.type is bool:
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
+            )
+        else:
+            parser.add_argument(flag, type=f.type, default=f.default, help=help_text)
+
+
+def build_parser(
+    cls: type, prog: str, settings: tuple[str, type] | None = None
+) -> argparse.ArgumentParser:
+    """The flags of cls, and of the algorithm's settings (table name, Settings) if given."""
     parser = argparse.ArgumentParser(
         prog=prog,
         description=cls.__doc__,
@@ -363,60 +377,154 @@ def build_parser(cls: type, prog: str) -> argparse.ArgumentParser:
         default=os.environ.get("APEXRL_CONFIG", ""),
         help="TOML config file: top-level keys, then this service's [table] (env APEXRL_CONFIG)",
     )
-    file_only = [f for f in dataclasses.fields(cls) if f.metadata.get("file_only")]
+    file_only = [f for f in _fields(cls) if f.metadata.get("file_only")]
     if file_only:
         parser.epilog = "settings only a config file sets: " + "; ".join(
             f"{f.name}: {f.metadata['help']}" for f in file_only
         )
-    for f in dataclasses.fields(cls):
-        if f.metadata.get("file_only"):
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f"{f.metadata['help']} (env {env_name(f.name)})"
-        if f.type is bool:
-            parser.add_argument(
-                flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
-            )
-        else:
-            parser.add_argument(flag, type=f.type, default=f.default, help=help_text)
+    _add_flags(parser, _fields(cls))
+    if settings is not None:
+        table, settings_class = settings
+        group = parser.add_argument_group(
+            f"{table} settings", f"the config file's [{table}] table, or these flags"
+        )
+        _add_flags(group, _fields(settings_class))
     return parser
 
 
-def parse(cls: type[T], argv: list[str] | None, section: str, prog: str) -> T:
-    """Builds cls from defaults, then the config file, then APEXRL_* env, then flags."""
+def _read_file(path: str) -> dict:
+    with open(path, "rb") as fh:
+        return tomllib.load(fh)
+
+
+def _algorithm_name(cls: type, argv: list[str], data: dict) -> str | None:
+    """The algorithm a service runs, before its flags are parsed: flag, env, file, default."""
+    default = {f.name: f.default for f in _fields(cls)}.get("algorithm")
+    if default is None:
+        return None
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--algorithm")
+    flag = pre.parse_known_args(argv)[0].algorithm
+    return flag or os.environ.get(env_name("algorithm")) or data.get("algorithm") or default
+
+
+def _check_tables(
+    data: dict, path: str, algorithms: Algorithms, table: str, others: dict[str, set]
+) -> None:
+    """Every table of the file is a service's or an algorithm's, and an algorithm's table holds
+    only that algorithm's settings."""
+    for name, value in data.items():
+        if not isinstance(value, dict) or name in SECTIONS or name == table:
+            continue
+        if name not in algorithms.names:
+            raise ValueError(
+                f"{path}: unknown table [{name}]: neither a service ({', '.join(SECTIONS)}) nor"
+                f" an algorithm ({', '.join(algorithms.names)})"
+            )
+        for key in value:
+            if key not in others[name]:
+                raise ValueError(f"{path}: [{name}] has unknown key {key!r}")
+
+
+def parse(
+    cls: type[T],
+    argv: list[str] | None,
+    section: str,
+    prog: str,
+    algorithms: Algorithms | None = None,
+    presets: dict[str, dict] | None = None,
+) -> T:
+    """Builds cls from defaults, then the config file, then APEXRL_* env, then flags. With the
+    algorithm registry, the algorithm's own settings too (its [<name>] table, env and flags):
+    they become the config's `algo`; presets[<name>] then replace its defaults."""
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(cls, prog)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config", default=os.environ.get("APEXRL_CONFIG", ""))
+    config_path = pre.parse_known_args(argv)[0].config
+    data = _read_file(config_path) if config_path else {}
+    settings = None
+    algorithm = _algorithm_name(cls, argv, data) if algorithms else None
+    if algorithm is not None:
+        try:
+            settings = algorithms.settings(algorithm)
+        except ValueError as err:
+            build_parser(cls, prog).error(str(err))
+    parser = build_parser(cls, prog, settings)
+    _refuse_other_algorithms_flags(parser, argv, algorithms, settings)
     args = parser.parse_args(argv)
     explicit = {a.dest for a in parser._actions if a.option_strings and _given(a, argv)}
-    kinds = {f.name: f.type for f in dataclasses.fields(cls) if not f.metadata.get("file_only")}
-    file_only = {f.name for f in dataclasses.fields(cls) if f.metadata.get("file_only")}
-    values: dict[str, Any] = {}
-    if args.config:
-        with open(args.config, "rb") as fh:
-            data = tomllib.load(fh)
-        from_file = {k: v for k, v in data.items() if not isinstance(v, dict)}
-        from_file.update(data.get(section, {}))
-        for key, value in from_file.items():
-            if key in file_only:
-                if not isinstance(value, list):
-                    parser.error(
-                        f"{args.config}: {key} must be an array of tables ([[{section}.{key}]])"
-                    )
-                values[key] = value
-                continue
-            if key not in kinds:
-                # Top-level keys are shared by all services: only a section's own keys must match.
-                if key in data.get(section, {}):
-                    parser.error(f"{args.config}: [{section}] has unknown key {key!r}")
-                continue
-            values[key] = _convert(value, kinds[key], f"{args.config}: {key}")
-    for name, kind in kinds.items():
-        if env_name(name) in os.environ:
-            values[name] = _convert(os.environ[env_name(name)], kind, env_name(name))
-    for name in kinds:
-        if name in explicit:
-            values[name] = getattr(args, name)
+    values = _values(cls, data, section, args.config, parser)
+    algo: dict[str, Any] = {}
+    if settings is not None:
+        table, settings_class = settings
+        others = {n: set(settings_fields(algorithms.settings(n)[1])) for n in algorithms.names}
+        others[table] = set(settings_fields(settings_class))
+        try:
+            _check_tables(data, args.config, algorithms, table, others)
+        except ValueError as err:
+            parser.error(str(err))
+        algo = (presets or {}).get(table, {}) | _values(
+            settings_class, {table: data.get(table, {})}, table, args.config, parser
+        )
+    for target, kinds in ((values, _kinds(cls)), (algo, _kinds(settings and settings[1]))):
+        for name, kind in kinds.items():
+            if env_name(name) in os.environ:
+                target[name] = _convert(os.environ[env_name(name)], kind, env_name(name))
+            if name in explicit:
+                target[name] = getattr(args, name)
+    if settings is not None:
+        values["algo"] = settings[1](**algo)
     return cls(**values)
+
+
+def settings_fields(settings_class: type) -> dict[str, type]:
+    return {f.name: f.type for f in _fields(settings_class)}
+
+
+def _kinds(cls: type | None) -> dict[str, type]:
+    if cls is None:
+        return {}
+    return {f.name: f.type for f in _fields(cls) if not f.metadata.get("file_only")}
+
+
+def _values(cls: type, data: dict, section: str, path: str, parser) -> dict[str, Any]:
+    """cls's settings from a config file: top-level keys cls has, then the section's (whose
+    every key must be cls's)."""
+    kinds = _kinds(cls)
+    file_only = {f.name for f in _fields(cls) if f.metadata.get("file_only")}
+    values: dict[str, Any] = {}
+    from_file = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    from_file.update(data.get(section, {}))
+    for key, value in from_file.items():
+        if key in file_only:
+            if not isinstance(value, list):
+                parser.error(f"{path}: {key} must be an array of tables ([[{section}.{key}]])")
+            values[key] = value
+            continue
+        if key not in kinds:
+            # Top-level keys are shared by all services: only a section's own keys must match.
+            if key in data.get(section, {}):
+                parser.error(f"{path}: [{section}] has unknown key {key!r}")
+            continue
+        values[key] = _convert(value, kinds[key], f"{path}: {key}")
+    return values
+
+
+def _refuse_other_algorithms_flags(parser, argv, algorithms, settings) -> None:
+    """A flag of another algorithm's settings: say whose it is (argparse would only call it
+    unrecognized)."""
+    if settings is None:
+        return
+    own = {"--" + n.replace("_", "-") for n in settings_fields(settings[1])}
+    own |= {o for a in parser._actions for o in a.option_strings}
+    for name in algorithms.names:
+        for field_name in settings_fields(algorithms.settings(name)[1]):
+            flag = "--" + field_name.replace("_", "-")
+            if flag not in own and any(t.split("=", 1)[0] == flag for t in argv):
+                parser.error(
+                    f"{flag} is a setting of algorithm {name}, not of {settings[0]}"
+                    f" (the algorithm this runs)"
+                )
 
 
 def _given(action: argparse.Action, argv: list[str]) -> bool:

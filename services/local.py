@@ -27,110 +27,79 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from apexrl import config as cfg
+from apexrl import plot
 from apexrl.algorithms.envs import is_atari, reward_threshold
 
 log = logging.getLogger(__name__)
 
-# Settings local mode gives each service unless the user's --config says otherwise: sized for
-# CartPole-like tasks on a small machine.
+# Settings local mode gives each service, under the algorithm's presets for the env and the
+# user's --config file.
 SERVICE_DEFAULTS = {
-    # Each transition is sampled about 8 times: the rate limiter holds actors back so the
-    # learner gets its share of the two cores.
-    "replay": {
-        "capacity": 100_000,
-        "min_size_to_sample": 1_000,
-        "samples_per_insert": 8.0,
-        "error_buffer": 8_000.0,
-    },
+    "replay": {},
     "learner": {"checkpoint_interval": 0.0},
     "actor": {},
     "evaluator": {},
 }
-# On top of those for Atari (ALE/... ids): the CNN learner's settings after CleanRL's DQN Atari
-# (Adam 1e-4, batch 32, the target synced every 1,000 env steps of its single actor, i.e. 250
-# of its updates), its updates in bfloat16 where the hardware has it (an update of 32 on one
-# core here: ~18 ms against ~31 ms in float32), 2 replays per transition so the actors keep
-# pace with a CPU learner, and short evaluations (a Pong episode is 800+ agent steps).
+# On top of those for Atari (ALE/... ids), whatever the algorithm: 4 envs an actor and short
+# evaluations (a Pong episode is 800+ agent steps).
 ATARI_DEFAULTS = {
-    "replay": {"min_size_to_sample": 2_000, "samples_per_insert": 2.0, "error_buffer": 4_000.0},
-    "learner": {
-        "batch_size": 32,
-        "learning_rate": 1e-4,
-        "target_update_interval": 250,
-        "precision": "auto",
-    },
     "actor": {"num_envs": 4},
     "evaluator": {"episodes": 2, "confirm_episodes": 4, "interval": 30.0, "window": 0},
 }
 
-# Instead of SERVICE_DEFAULTS' replay, and on top of its other sections, for the on-policy
-# algorithms: the replay is a queue of unrolls (each sampled once, oldest first; actors wait
-# while it is full). 2 actors x 4 envs x 32 steps = 8 unrolls = 256 steps per batch: the
-# rl-baselines3-zoo's CartPole PPO (8 envs x 32 steps, 20 epochs of one minibatch, GAE lambda
-# 0.8, no entropy bonus, gradient norm clipped at 0.5 (SB3's default); its gamma 0.98 and
-# linear decays are not copied) but Adam at 2e-3, not the zoo's 1e-3: ppo solved CartPole-v1
-# in a median 0.9 s against 2.8 s, impala in 1.1 s against 1.8 s and on Acrobot-v1 in 8.2 s
-# against 9.9 s (benchmarks/time_to_solve.py, 8 seeds each, same session, 2026-12-02).
-# impala takes 2 gradient steps on each batch (algorithms/impala/algorithm.py says how), with
-# V-trace's lambda 1 and unnormalized advantages as published, and publishes every 4th.
-# Every version is a policy worth a look (~14 a second here): the evaluator plays each in
-# order, as SB3's evaluation after every rollout does, at most 30 behind the newest (~2 s),
-# from the versions the learner keeps (4 MB: ~110 of CartPole's 36 KB; no Atari CNN), instead
-# of the newest once a second. Once a second, ppo's evaluator saw 1 version in 14 and found
-# a solving one ~2x later on CartPole (median 18.6K env steps against 9.3K, 8 seeds each, in
-# an ad-hoc replica of ppo that trains and evaluates in turn). ppo's learner and actors take
-# turns, so the evaluator at nice 10 plays on the CPU they leave idle; impala's actors never
-# wait, and a niced evaluator starved there (it skipped most versions).
-QUEUE = {"sampler": "fifo", "remover": "none", "max_times_sampled": 1, "rate_limiter": "queue"}
-EVERY_VERSION = {"window": 30, "interval": 0.0}
-ON_POLICY_DEFAULTS = {
-    "ppo": {
-        "replay": {**QUEUE, "capacity": 64},
-        "learner": {"batch_size": 8, "learning_rate": 2e-3, "epochs": 20, "minibatches": 1,
-                    "gae_lambda": 0.8, "entropy_cost": 0.0, "max_grad_norm": 0.5,
-                    "history_mb": 4.0},
-        "actor": {"num_envs": 4},
-        "evaluator": {**EVERY_VERSION, "nice": 10},
-    },
-    "impala": {
-        "replay": {**QUEUE, "capacity": 64},
-        "learner": {"batch_size": 8, "learning_rate": 2e-3, "passes": 2, "gae_lambda": 1.0,
-                    "normalize_advantages": False, "entropy_cost": 0.01,
-                    "publish_interval": 4, "history_mb": 4.0},
-        "actor": {"num_envs": 4},
-        "evaluator": EVERY_VERSION,
-    },
-}  # fmt: skip
-
-# One env's settings on top of its algorithm's, as rl-baselines3-zoo tunes PPO per env.
-# impala on Acrobot-v1 takes ppo's learning settings (20 passes, lambda 0.8, advantages
-# normalized, no entropy bonus, gradient norm 0.5; the passes clipped as APPO's): it solved in
-# medians of 2.4-5.4 s and 16-28K env steps against 6.7 s and 99K with the 2 passes above
-# (4 batches of 8 seeds against 1). On CartPole-v1 those settings fell behind the 2 passes
-# (20 passes, 6 seeds: 4.5 s unnormalized, most seeds unsolved in 25 s normalized): each
-# batch costs the learner ~20 steps there, and the queue holds the actors back while it
-# trains. README, Time to solve.
-ENV_DEFAULTS = {
-    ("impala", "Acrobot-v1"): {
-        "learner": {"passes": 20, "gae_lambda": 0.8, "normalize_advantages": True,
-                    "entropy_cost": 0.0, "max_grad_norm": 0.5},
-    },
-}  # fmt: skip
-
 # Targets for envs gymnasium gives no reward_threshold (mean return of the best model).
 TARGETS = {"Pendulum-v1": -200.0}
 
+# A table's settings: local mode takes the tables from the algorithm's builder.
+TABLE_SETTINGS = {f.name for f in dataclasses.fields(cfg.ReplayTableConfig)} | {"table", "tables"}
+
+
+def parse(argv: list[str]) -> cfg.LocalConfig:
+    """Local mode's settings; the algorithm's own ones over its presets for the env."""
+    from apexrl import algorithms
+
+    prog = "apexrl local"
+    config = cfg.parse(cfg.LocalConfig, argv, "local", prog, algorithms.REGISTRY)
+    builder = algorithms.get(config.algorithm)
+    presets = builder.presets(config.env)
+    if presets.get(builder.name):
+        defaults = {builder.name: presets[builder.name]}
+        config = cfg.parse(cfg.LocalConfig, argv, "local", prog, algorithms.REGISTRY, defaults)
+    return config
+
 
 def signature(config: cfg.AgentConfig) -> str:
-    """The replay `signature` setting for the algorithm's transitions on the env (torch-free:
-    the parent process of local mode never imports torch)."""
+    """The replay `signature` setting for the algorithm's items on the env (torch-free: the
+    parent process of local mode never imports torch)."""
     from apexrl import algorithms
 
     return ",".join(column.spec() for column in algorithms.transition_columns(config))
 
 
+def replay_tables(config: cfg.AgentConfig, shards: int) -> list[dict]:
+    """The algorithm's tables as [[replay.tables]] entries, each shard's even share of their
+    sizes (so the totals stay as set)."""
+    from apexrl import algorithms
+
+    if shards < 1:
+        raise ValueError(f"replay_shards: must be >= 1, got {shards}")
+    tables = []
+    for table in algorithms.make(config).tables():
+        entry = dataclasses.asdict(table)
+        entry["capacity"] = math.ceil(table.capacity / shards)
+        if table.rate_limiter == "queue":
+            for name in ("min_size_to_sample", "samples_per_insert", "error_buffer"):
+                del entry[name]
+        else:
+            entry["min_size_to_sample"] = math.ceil(table.min_size_to_sample / shards)
+            entry["error_buffer"] = table.error_buffer / shards
+        tables.append(entry)
+    return tables
+
+
 def dump_toml(data: dict) -> str:
-    """Writes flat tables of strings, numbers and booleans (all our configs need)."""
+    """Writes tables of strings, numbers and booleans, and arrays of such tables in a table
+    (all our configs need)."""
 
     def value(v) -> str:
         if isinstance(v, bool):
@@ -139,10 +108,17 @@ def dump_toml(data: dict) -> str:
             return json.dumps(v)
         return repr(v)
 
-    lines = [f"{k} = {value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    def assignments(table: dict) -> list[str]:
+        return [f"{k} = {value(v)}" for k, v in table.items() if not isinstance(v, dict | list)]
+
+    lines = assignments(data)
     for name, table in data.items():
         if isinstance(table, dict):
-            lines += ["", f"[{name}]", *(f"{k} = {value(v)}" for k, v in table.items())]
+            lines += ["", f"[{name}]", *assignments(table)]
+            for key, entries in table.items():
+                if isinstance(entries, list):
+                    for entry in entries:
+                        lines += ["", f"[[{name}.{key}]]", *assignments(entry)]
     return "\n".join(lines) + "\n"
 
 
@@ -186,28 +162,34 @@ class Run:
         self.children: list[Child] = []
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         (run_dir / "ready").mkdir(exist_ok=True)
-        agent = {f.name: getattr(config, f.name) for f in dataclasses.fields(cfg.AgentConfig)}
+        agent = {
+            f.name: getattr(config, f.name)
+            for f in dataclasses.fields(cfg.AgentConfig)
+            if not f.metadata.get("internal")
+        }
         settings = {**agent, "log_level": config.log_level}
-        atari = is_atari(config.env)
-        on_policy = ON_POLICY_DEFAULTS.get(config.algorithm, {})
-        env_defaults = ENV_DEFAULTS.get((config.algorithm, config.env), {})
+        from apexrl import algorithms
+
+        builder = algorithms.get(config.algorithm)
+        presets = builder.presets(config.env)
+        atari = ATARI_DEFAULTS if is_atari(config.env) else {}
         for section, defaults in SERVICE_DEFAULTS.items():
-            if section in on_policy:
-                defaults = on_policy[section] if section == "replay" else {
-                    **defaults, **on_policy[section]}  # fmt: skip
-            # The Atari learner and replay settings are DQN's; impala and ppo keep their own.
-            extra = ATARI_DEFAULTS[section] if atari and not (
-                on_policy and section in ("learner", "replay")) else {}  # fmt: skip
             settings[section] = {
                 **defaults,
-                **extra,
-                **env_defaults.get(section, {}),
+                **presets.get(section, {}),
+                **atari.get(section, {}),
                 **user_file.get(section, {}),
             }
+        settings[builder.name] = dataclasses.asdict(config.algo)
+        given = sorted(TABLE_SETTINGS & set(user_file.get("replay", {})))
+        if given:
+            raise ValueError(
+                f"[replay] {given[0]}: local mode makes the replay's tables from algorithm"
+                f" {builder.name}'s builder; set its sizes in [{builder.name}]"
+                f" (`apexrl local --algorithm {builder.name} --help`)"
+            )
+        settings["replay"]["tables"] = replay_tables(config, config.replay_shards)
         settings["learner"].setdefault("checkpoint_dir", str(run_dir / "checkpoints"))
-        # The replay takes only the algorithm's columns: a misconfigured actor is refused,
-        # naming the column, instead of poisoning the table.
-        settings["replay"].setdefault("signature", signature(config))
         self.checkpoint_dir = Path(settings["learner"]["checkpoint_dir"])
         self.config_path = run_dir / "config.toml"
         self.config_path.write_text(dump_toml(settings))
@@ -248,8 +230,6 @@ class Run:
         """
         self.launched = time.time()
         shards = self.config.replay_shards
-        if shards < 1:
-            raise ValueError(f"replay_shards: must be >= 1, got {shards}")
         ports = [free_port() for _ in range(shards)]
         replay_address = ",".join(f"127.0.0.1:{port}" for port in ports)
         learner_address = f"127.0.0.1:{free_port()}"
@@ -272,18 +252,8 @@ class Run:
         self.wait_ready(self.children)
 
     def shard_flags(self, shard: int) -> list[str]:
-        """A shard's id and its even share of the table's size settings."""
-        shards = self.config.replay_shards
-        if shards == 1:
-            return []
-        replay = self.settings["replay"]
-        defaults = cfg.ReplayConfig()
-        flags = ["--shard", str(shard)]
-        for name in ("capacity", "min_size_to_sample", "error_buffer"):
-            total = replay.get(name, getattr(defaults, name))
-            share = math.ceil(total / shards) if isinstance(total, int) else total / shards
-            flags += [f"--{name.replace('_', '-')}", str(share)]
-        return flags
+        """A shard's id (its tables' sizes are each shard's share already)."""
+        return [] if self.config.replay_shards == 1 else ["--shard", str(shard)]
 
     def stop_all(self, timeout: float = 60) -> None:
         """SIGTERM in dependency order, each group at once: actors and evaluator, then the
@@ -313,29 +283,6 @@ def _format_count(n: float) -> str:
     return f"{n:,.0f}"
 
 
-def plot(rows: list[dict], path: Path, target: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    evaluated = [r for r in rows if r["eval_rounds"] > 0]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, x, label in ((axes[0], "seconds", "wall seconds"), (axes[1], "env_steps", "env steps")):
-        ax.plot(
-            [r[x] for r in evaluated],
-            [r["eval_mean_return"] for r in evaluated],
-            label="evaluation mean",
-        )
-        ax.axhline(target, color="gray", linestyle="--", label=f"target {target:g}")
-        ax.set_xlabel(label)
-        ax.set_ylabel("return")
-        ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 FIELDS = ["seconds", "startup_seconds", "env_steps", "env_steps_per_s", "updates", "updates_per_s", "replay_size",
           "replay_bytes_per_item",
           "eval_mean_return", "eval_rounds", "eval_best_mean_return", "eval_best_version",
@@ -344,7 +291,7 @@ FIELDS = ["seconds", "startup_seconds", "env_steps", "env_steps_per_s", "updates
 
 
 def main(argv: list[str]) -> int:
-    config = cfg.parse(cfg.LocalConfig, argv, "local", "apexrl local")
+    config = parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     user_file: dict = {}
     config_file = os.environ.get("APEXRL_CONFIG", "")
@@ -359,7 +306,11 @@ def main(argv: list[str]) -> int:
     if target is None:
         sys.exit(f"apexrl local: {config.env} has no reward_threshold: pass --target-return")
     run_dir = Path(config.run_dir or f"runs/{config.env}-{time.strftime('%Y%m%d-%H%M%S')}")
-    run = Run(config, user_file, run_dir)
+    try:
+        run = Run(config, user_file, run_dir)
+    except ValueError as err:  # settings that can never work: say which, before any process
+        print(f"apexrl local: error: {err}", file=sys.stderr)
+        return 2
 
     stop = threading.Event()
     interrupted = []
@@ -497,46 +448,4 @@ def _best_model(checkpoint_dir: Path) -> str:
 
 def _write_outputs(run_dir: Path, rows: list[dict], target: float) -> None:
     if rows:
-        plot(rows, run_dir / "learning_curve.png", target)
-
-
-def eval_main(argv: list[str]) -> int:
-    """apexrl eval --checkpoint PATH: plays a saved policy greedily (by default the best model)."""
-    from apexrl import algorithms
-    from apexrl.algorithms.base import prefixed
-    from apexrl.algorithms.envs import EnvOptions
-    from apexrl.algorithms.evaluation import evaluate
-    from apexrl.common import checkpoint
-    from apexrl.learner.best import KIND as BEST
-
-    config = cfg.parse(cfg.EvalConfig, argv, "eval", "apexrl eval")
-    path = Path(config.checkpoint)
-    if path.is_dir():
-        kinds = ["learner"] if config.latest else [BEST, "learner"]
-        found = next(filter(None, (checkpoint.load_newest(path, k) for k in kinds)), None)
-        if found is None:
-            sys.exit(f"apexrl eval: no valid checkpoint ({' or '.join(kinds)}) in {path}")
-        path, meta, arrays = found
-    else:
-        kind = BEST if path.name.startswith(f"{BEST}-") else "learner"
-        meta, arrays = checkpoint.read_checkpoint(path, kind)
-    saved = {"algorithm": "dqn"} | meta["config"]  # checkpoints from before the algorithm layer
-    agent = cfg.AgentConfig(
-        **{f.name: saved[f.name] for f in dataclasses.fields(cfg.AgentConfig) if f.name in saved}
-    )
-    policy = algorithms.make(agent).policy()
-    policy.load(prefixed(arrays, "online"))
-    options = EnvOptions.of(agent)
-    returns = evaluate(policy, agent.env, config.episodes, config.seed, config.epsilon, options)
-    what = f"{path}: {agent.env}, version {meta['version']} (update {meta['update_step']})"
-    if "mean_return" in meta:  # a best model: say what earned it
-        p = meta["protocol"]
-        what += (f", the best model: scored {meta['mean_return']:.1f} over {p['episodes']}"
-                 f" evaluator episodes (seeds {p['first_seed']}..)")  # fmt: skip
-    print(what)
-    print(f"seeds {config.seed}..{config.seed + config.episodes - 1}, epsilon {config.epsilon:g}")
-    print("returns: " + " ".join(f"{r:g}" for r in returns))
-    print(
-        f"mean {returns.mean():.1f}, min {returns.min():g}, max {returns.max():g} over {len(returns)} episodes"
-    )
-    return 0
+        plot.learning_curve(rows, run_dir / "learning_curve.png", target)

@@ -89,11 +89,13 @@ def unroll_learning(config, size: int):
 
     from apexrl import algorithms
 
-    learning = algorithms.make(config).learning(config, torch.device("cpu"))
+    builder = algorithms.make(config)
+    learning = builder.learning(config, torch.device("cpu"))
     rng = np.random.default_rng(0)
     batch = {c.name: torch.from_numpy(rng.random((size, *c.shape)).astype(c.dtype))
-             for c in algorithms.transition_columns(config)}  # fmt: skip
-    batch["actions"] = torch.from_numpy(rng.integers(0, 2, (size, config.unroll_length)))
+             for c in builder.columns()}  # fmt: skip
+    length = builder.settings.unroll_length
+    batch["actions"] = torch.from_numpy(rng.integers(0, 2, (size, length)))
     return learning, batch
 
 

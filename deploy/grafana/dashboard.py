@@ -427,8 +427,8 @@ def build() -> dashboard_models.Dashboard:
             [
                 query("max(apexrl_learner_policy_lag)", "policy lag (versions)"),
                 query(
-                    "sum(rate(apexrl_learner_stale_unrolls_dropped_total[1m]))",
-                    "stale unrolls dropped/s",
+                    "sum(rate(apexrl_learner_stale_items_dropped_total[1m]))",
+                    "stale items dropped/s",
                 ),
                 query("sum by (table) (apexrl_replay_size)", "{{table}} items"),
             ],

@@ -1,18 +1,17 @@
-"""The actor: the algorithm's behaviour policy on a local copy of its parameters, n-step
-transitions with initial priorities to replay.
+"""The actor: the algorithm's behaviour policy on a local copy of its parameters, the items its
+adder makes, with initial priorities, to replay.
 
-Stateless: every actor process is configured the same; its exploration parameter (epsilon
-for dqn, the noise scale for dpg) comes from the lease the learner hands out with parameters
-(see protos/apexrl/v1/learner.proto). It never blocks on
-the network: parameters are pulled by a background thread every `pull_interval` env steps,
-and inserts go through a bounded buffer drained by another thread that reconnects forever
-(the oldest transitions are dropped and counted when the buffer is full).
+Stateless: every actor process is configured the same; its exploration parameter (whatever
+the algorithm calls it) comes from the lease the learner hands out with parameters (see
+protos/apexrl/v1/learner.proto). It never blocks on the network: parameters are pulled by a
+background thread, and inserts go through a bounded buffer drained by another thread that
+reconnects forever (the oldest items are dropped and counted when the buffer is full).
 
-    envs → policy.act (batched) → NStepAdder → policy.priorities → buffer → replay
+    envs → policy.step (batched) → adder → policy.priorities → buffer → replay
 
-On-policy algorithms (impala, ppo) sample their policy instead and write unrolls
-(actor/unroll.py), taking new parameters only between unrolls, so that each unroll is one
-version's; for ppo an actor acts one unroll per version and then waits for the next.
+When parameters change follows the algorithm (Builder.parameter_sync): every `pull_interval`
+env steps, or after each item the adder completes (taken only where the adder allows, so an
+item is one version's), optionally waiting for a version newer than the last item's.
 """
 
 import collections
@@ -26,8 +25,7 @@ import prometheus_client
 import torch
 
 from apexrl import algorithms
-from apexrl.actor.nstep import NStepAdder
-from apexrl.actor.unroll import UnrollAdder, step_targets
+from apexrl.algorithms.base import Step
 from apexrl.algorithms.columns import pack
 from apexrl.algorithms.envs import (
     RETURN_BUCKETS,
@@ -45,19 +43,15 @@ from apexrl.replay.sharded import ShardedReplayClient, connect
 log = logging.getLogger(__name__)
 
 LENGTH_BUCKETS = (10, 25, 50, 100, 200, 500, 1000, 5000, 10000, 30000)
-VERSION_WAIT_SECONDS = 1.0  # ppo: how long an actor waits for the version after the one it used
-
-
-EXPLORATION_HELP = {
-    "epsilon": "Exploration epsilon from the actor's lease (dqn).",
-    "noise_scale": "Gaussian action-noise std, as a fraction of the action half-range, from the"
-    " actor's lease (dpg).",
-    "policy_sampling": "1: the actor samples its policy (impala, ppo: no exploration ladder).",
-}
 
 
 class ActorMetrics:
-    def __init__(self, registry: prometheus_client.CollectorRegistry, exploration_name: str):
+    def __init__(
+        self,
+        registry: prometheus_client.CollectorRegistry,
+        exploration_name: str,
+        exploration_help: str,
+    ):
         def metric(kind, name, doc, **kw):
             return kind(f"apexrl_actor_{name}", doc, registry=registry, **kw)
 
@@ -75,7 +69,7 @@ class ActorMetrics:
         )
         # The algorithm's exploration parameter under its own name (dqn: epsilon, dpg:
         # noise_scale): a metric keeps one meaning whatever the algorithm.
-        self.exploration = metric(G, exploration_name, EXPLORATION_HELP[exploration_name])
+        self.exploration = metric(G, exploration_name, exploration_help)
         self.actor_index = metric(
             G, "ladder_index", "This actor's place in the exploration ladder."
         )
@@ -83,13 +77,12 @@ class ActorMetrics:
         self.lag = metric(
             G, "parameter_lag", "Learner's newest version minus the actor's, at the last pull."
         )
-        self.inserted = metric(C, "transitions_inserted", "Transitions acknowledged by replay.")
+        # "transitions": replay items (n-step transitions, unrolls), as every dashboard names them.
+        self.inserted = metric(C, "transitions_inserted", "Items acknowledged by replay.")
         self.dropped = metric(
-            C,
-            "transitions_dropped",
-            "Transitions dropped: buffer full while replay was unreachable.",
+            C, "transitions_dropped", "Items dropped: buffer full while replay was unreachable."
         )
-        self.buffered = metric(G, "transitions_buffered", "Transitions waiting to be inserted.")
+        self.buffered = metric(G, "transitions_buffered", "Items waiting to be inserted.")
         self.pull_failures = metric(C, "parameter_pull_failures", "Parameter pulls that failed.")
         self.frame_raw_bytes = metric(
             C, "frame_raw_bytes", "Bytes of the observations compressed (Atari), before."
@@ -246,7 +239,8 @@ def register_metrics(
 ) -> ActorMetrics:
     """The actor's metrics, registered before the process says it is ready (its ready file):
     every scrape from the first on sees them."""
-    return ActorMetrics(registry, algorithms.get(config.algorithm).exploration_name)
+    builder = algorithms.get(config.algorithm)
+    return ActorMetrics(registry, builder.exploration_name, builder.exploration_help)
 
 
 def run(
@@ -256,133 +250,150 @@ def run(
     metrics: ActorMetrics | None = None,
 ) -> None:
     torch.set_num_threads(config.threads)
-    metrics = metrics or register_metrics(config, registry)
-    actor_id = uuid.uuid4().hex
-    seed = (config.seed or int.from_bytes(uuid.uuid4().bytes[:4], "little")) + int(actor_id[:6], 16)
-    rng = np.random.default_rng(seed)
-    algorithm = algorithms.make(config)
-    policy = algorithm.policy()
-    columns_spec = algorithm.columns()
-    envs, obs = make_vector_env(config.env, config.num_envs, seed % 2**31, EnvOptions.of(config))
-    clip = algorithm.spec.clip_rewards
-    lives = None  # Atari lives, for life_loss_terminal
-    spec, unrolls = algorithm.spec, algorithm.unrolls
-    adder = (
-        UnrollAdder(config.num_envs, config.unroll_length, spec.obs_shape, spec.obs_dtype)
-        if unrolls
-        else NStepAdder(config.num_envs, config.n_step, config.gamma)
-    )
-    replay = connect(config.replay, timeout=30.0, retry_seconds=1.0, tls=config)
-    buffer = InsertBuffer(replay, config.buffer_limit, metrics, stop)
-    # Tries at most 0.1 s apart: an actor that starts before the learner serves (local mode
-    # starts every process at once) slept up to 0.6 s past the moment it could have begun,
-    # and ppo's first batch waits for every actor.
-    learner = LearnerClient(config.learner, retry_seconds=1.0, retry_cap=0.1, tls=config)
-    puller = ParameterPuller(learner, actor_id, metrics)
-    log.info(
-        "actor %s: %s x%d, waiting for parameters from %s",
-        actor_id[:8],
-        config.env,
-        config.num_envs,
-        config.learner,
-    )
-
-    exploration, version, have_weights = 0.0, 0, False
-    acted, waiting = 0, 0.0  # ppo: the version of its last unroll; since when it waits
-    pending: list[dict[str, np.ndarray]] = []
-    pending_count = steps_since_pull = 0
-    returns = np.zeros(config.num_envs)
-    lengths = np.zeros(config.num_envs, np.int64)
-    puller.request()
+    actor = Actor(config, metrics or register_metrics(config, registry), stop)
     try:
-        while not stop.is_set():
-            params = puller.take() if not unrolls or adder.at_boundary else None
-            if params is not None:
-                if params.algorithm != algorithm.name:  # acting on them would be nonsense
-                    raise ValueError(
-                        f"algorithm: this actor runs {algorithm.name}, the learner at"
-                        f" {config.learner} runs {params.algorithm}"
-                    )
-                if params.arrays:
-                    policy.load(params.arrays)
-                    version, have_weights = params.version, True
-                    metrics.version.set(version)
-                exploration = params.exploration
-                metrics.exploration.set(exploration)
-                metrics.actor_index.set(params.actor_index)
-            if not have_weights:  # nothing to act with yet: wait for the first pull
-                stop.wait(0.05)
-                continue
-            if algorithm.current_version_only and adder.at_boundary and version <= acted:
-                # ppo: this version has had its unroll; wait for the next, for a while (should
-                # the learner lack unrolls of this version, e.g. an actor died, act again).
-                waiting = waiting or time.monotonic()
-                left = VERSION_WAIT_SECONDS - (time.monotonic() - waiting)
-                if left > 0:
-                    puller.request(wait_seconds=left)  # answered when the learner publishes
-                    puller.arrived.wait(min(left, 0.05))  # 0.05: stays responsive to stop
-                    continue
-            waiting = 0.0
-
-            if unrolls:
-                actions, log_probs = policy.sample(obs, rng)
-            else:
-                actions = policy.act(obs, exploration, rng)
-            next_obs, rewards, terminated, truncated, infos = envs.step(actions)
-            done = terminated | truncated
-            # What the learner learns from; the metrics below report the game's rewards.
-            learned = np.clip(rewards, -1.0, 1.0) if clip else rewards
-            ends = terminated
-            if config.life_loss_terminal and "lives" in infos:
-                # A life lost ends the n-step windows (discount 0), not the game: the env goes on.
-                lost = lives is not None and (infos["lives"] < lives) & ~done
-                ends = terminated | lost
-                lives = infos["lives"]
-            if unrolls:
-                finals = final_observations(next_obs, infos) if truncated.any() else next_obs
-                learned, discounts = step_targets(
-                    learned, ends, truncated, finals, policy.values, config.gamma
-                )
-                columns = adder.add(obs, actions, log_probs, learned, discounts, next_obs, version)
-                if columns is not None:
-                    acted = version
-                    # Fresh parameters for the next unroll; ppo's must be newer than these.
-                    puller.request(VERSION_WAIT_SECONDS if algorithm.current_version_only else 0)
-            else:
-                columns = adder.add(
-                    obs, actions, learned, ends, truncated, final_observations(next_obs, infos)
-                )
-            obs = next_obs
-
-            returns += rewards
-            lengths += 1
-            for i in np.flatnonzero(done):
-                metrics.episode_return.observe(returns[i])
-                metrics.episode_length.observe(lengths[i])
-            metrics.episodes.inc(int(done.sum()))
-            returns[done], lengths[done] = 0.0, 0
-            if not metrics.env_steps._value.get():
-                metrics.first_step.set(time.time())
-            metrics.env_steps.inc(config.num_envs)
-
-            if columns is not None:
-                pending.append(columns)
-                pending_count += len(next(iter(columns.values())))
-            if pending_count >= config.insert_batch or (unrolls and pending):
-                batch = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
-                priorities = policy.priorities(batch) + config.priority_epsilon
-                packed = pack(batch, columns_spec)
-                for value in packed.values():
-                    if isinstance(value, Packed):
-                        metrics.frame_raw_bytes.inc(len(value) * value.item_nbytes)
-                        metrics.frame_compressed_bytes.inc(int(value.sizes.sum()))
-                buffer.put(packed, priorities)
-                pending, pending_count = [], 0
-            steps_since_pull += config.num_envs
-            if not unrolls and steps_since_pull >= config.pull_interval:
-                puller.request()
-                steps_since_pull = 0
+        actor.loop()
     finally:
-        puller.close()
-        buffer.close(flush_seconds=5.0)
-        envs.close()
+        actor.close()
+
+
+class Actor:
+    """One actor process's envs, policy, adder and its two helper threads."""
+
+    def __init__(self, config: ActorConfig, metrics: ActorMetrics, stop: threading.Event):
+        self.config, self.metrics, self.stop = config, metrics, stop
+        actor_id = uuid.uuid4().hex
+        seed = config.seed or int.from_bytes(uuid.uuid4().bytes[:4], "little")
+        seed += int(actor_id[:6], 16)
+        self.rng = np.random.default_rng(seed)
+        self.builder = builder = algorithms.make(config)
+        self.sync = builder.parameter_sync
+        self.policy = builder.policy()
+        self.adder = builder.adder(config.num_envs, self.policy)
+        self.columns = builder.columns()
+        options = EnvOptions.of(config)
+        self.envs, self.obs = make_vector_env(config.env, config.num_envs, seed % 2**31, options)
+        replay = connect(
+            config.replay, table=self.adder.table, timeout=30.0, retry_seconds=1.0, tls=config
+        )
+        self.buffer = InsertBuffer(replay, config.buffer_limit, metrics, stop)
+        # Tries at most 0.1 s apart: an actor that starts before the learner serves (local mode
+        # starts every process at once) slept up to 0.6 s past the moment it could have begun.
+        learner = LearnerClient(config.learner, retry_seconds=1.0, retry_cap=0.1, tls=config)
+        self.puller = ParameterPuller(learner, actor_id, metrics)
+        log.info(
+            "actor %s: %s x%d, waiting for parameters from %s",
+            actor_id[:8], config.env, config.num_envs, config.learner,
+        )  # fmt: skip
+        self.exploration, self.version, self.have_weights = 0.0, 0, False
+        self.acted, self.waiting = 0, 0.0  # the version of the last item; since when it waits
+        self.pending: list[dict[str, np.ndarray]] = []
+        self.pending_count = self.steps_since_pull = 0
+        self.lives = None  # Atari lives, for life_loss_terminal
+        self.returns = np.zeros(config.num_envs)
+        self.lengths = np.zeros(config.num_envs, np.int64)
+
+    def loop(self) -> None:
+        self.puller.request()
+        while not self.stop.is_set():
+            if self.ready_to_act():
+                self.step()
+
+    def ready_to_act(self) -> bool:
+        """Takes new parameters where the adder allows; False while the actor must wait (no
+        parameters yet, or a version newer than its last item's)."""
+        params = self.puller.take() if self.adder.at_boundary else None
+        if params is not None:
+            self.take(params)
+        if not self.have_weights:  # nothing to act with yet: wait for the first pull
+            self.stop.wait(0.05)
+            return False
+        if self.sync.newer_each_item and self.adder.at_boundary and self.version <= self.acted:
+            # This version has had its item; wait for the next, for a while (should the learner
+            # lack items of this version, e.g. an actor died, act again).
+            self.waiting = self.waiting or time.monotonic()
+            left = self.sync.wait_seconds - (time.monotonic() - self.waiting)
+            if left > 0:
+                self.puller.request(wait_seconds=left)  # answered when the learner publishes
+                self.puller.arrived.wait(min(left, 0.05))  # 0.05: stays responsive to stop
+                return False
+        self.waiting = 0.0
+        return True
+
+    def take(self, params: Parameters) -> None:
+        if params.algorithm != self.builder.name:  # acting on them would be nonsense
+            raise ValueError(
+                f"algorithm: this actor runs {self.builder.name}, the learner at"
+                f" {self.config.learner} runs {params.algorithm}"
+            )
+        if params.arrays:
+            self.policy.load(params.arrays)
+            self.version, self.have_weights = params.version, True
+            self.metrics.version.set(self.version)
+        self.exploration = params.exploration
+        self.metrics.exploration.set(self.exploration)
+        self.metrics.actor_index.set(params.actor_index)
+
+    def step(self) -> None:
+        config, obs = self.config, self.obs
+        actions, extras = self.policy.step(obs, self.exploration, self.rng)
+        next_obs, rewards, terminated, truncated, infos = self.envs.step(actions)
+        done = terminated | truncated
+        # What the learner learns from; the metrics report the game's rewards.
+        learned = np.clip(rewards, -1.0, 1.0) if self.builder.spec.clip_rewards else rewards
+        ends = terminated
+        if config.life_loss_terminal and "lives" in infos:
+            # A life lost ends the returns (discount 0), not the game: the env goes on.
+            lost = self.lives is not None and (infos["lives"] < self.lives) & ~done
+            ends = terminated | lost
+            self.lives = infos["lives"]
+        final_obs = final_observations(next_obs, infos) if done.any() else next_obs
+        step = Step(obs, actions, extras, np.asarray(learned, np.float32), ends, truncated,
+                    next_obs, final_obs, self.version)  # fmt: skip
+        items = self.adder.add(step)
+        self.obs = next_obs
+        self.count(rewards, done)
+        if items is not None:
+            self.pending.append(items)
+            self.pending_count += len(next(iter(items.values())))
+            if not self.sync.periodic:  # new parameters for the next item
+                self.acted = self.version
+                self.puller.request(self.sync.wait_seconds if self.sync.newer_each_item else 0)
+        if self.pending_count >= config.insert_batch or (
+            self.adder.insert_at_once and self.pending
+        ):
+            self.insert()
+        self.steps_since_pull += config.num_envs
+        if self.sync.periodic and self.steps_since_pull >= config.pull_interval:
+            self.puller.request()
+            self.steps_since_pull = 0
+
+    def count(self, rewards: np.ndarray, done: np.ndarray) -> None:
+        m = self.metrics
+        self.returns += rewards
+        self.lengths += 1
+        for i in np.flatnonzero(done):
+            m.episode_return.observe(self.returns[i])
+            m.episode_length.observe(self.lengths[i])
+        m.episodes.inc(int(done.sum()))
+        self.returns[done], self.lengths[done] = 0.0, 0
+        if not m.env_steps._value.get():
+            m.first_step.set(time.time())
+        m.env_steps.inc(self.config.num_envs)
+
+    def insert(self) -> None:
+        pending = self.pending
+        batch = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
+        priorities = self.policy.priorities(batch) + self.config.priority_epsilon
+        packed = pack(batch, self.columns)
+        for value in packed.values():
+            if isinstance(value, Packed):
+                self.metrics.frame_raw_bytes.inc(len(value) * value.item_nbytes)
+                self.metrics.frame_compressed_bytes.inc(int(value.sizes.sum()))
+        self.buffer.put(packed, priorities)
+        self.pending, self.pending_count = [], 0
+
+    def close(self) -> None:
+        self.puller.close()
+        self.buffer.close(flush_seconds=5.0)
+        self.envs.close()

@@ -1,10 +1,11 @@
-"""The algorithm layer: networks, update steps, policies and transition columns per algorithm.
+"""The algorithm layer: a builder per algorithm (base.py says what one is) and what builders share.
 
 Services (learner, actor, evaluator) import this layer; it imports neither them nor their
-clients. Adding an algorithm: its folder, one line in ALGORITHMS, its tests.
+clients. Adding an algorithm: its folder, one line in ALGORITHMS, its tests; or, without
+touching this package, `algorithm = "package.module:Builder"` in the config.
 
-Importing this package costs no torch: `columns` answers from each algorithm's torch-free
-transitions module, so local mode's parent process configures the replay without torch.
+Importing this package and the builders costs no torch: local mode's parent process configures
+the replay from the builders' tables without it.
 """
 
 from __future__ import annotations
@@ -13,39 +14,50 @@ import importlib
 from typing import TYPE_CHECKING
 
 from apexrl.algorithms.envs import EnvOptions, env_spec
+from apexrl.config import Algorithms
 
 if TYPE_CHECKING:
-    from apexrl.algorithms.base import Algorithm
+    from apexrl.algorithms.base import Builder
     from apexrl.algorithms.columns import Column
 
-# name -> (its Algorithm class, its torch-free columns function), as "module:attribute",
-# imported on use (the registry costs nothing to read).
+# name -> its Builder, as "module:attribute", imported on use (the registry costs nothing to read).
 ALGORITHMS = {
-    "dqn": ("apexrl.algorithms.dqn.algorithm:DQN", "apexrl.algorithms.dqn.transitions:columns"),
-    "dpg": ("apexrl.algorithms.dpg.algorithm:DPG", "apexrl.algorithms.dpg.transitions:columns"),
-    "impala": ("apexrl.algorithms.impala.algorithm:IMPALA", "apexrl.algorithms.unrolls:columns"),
-    "ppo": ("apexrl.algorithms.ppo.algorithm:PPO", "apexrl.algorithms.unrolls:columns"),
+    "dqn": "apexrl.algorithms.dqn.builder:DQNBuilder",
+    "dpg": "apexrl.algorithms.dpg.builder:DPGBuilder",
+    "impala": "apexrl.algorithms.impala.builder:IMPALABuilder",
+    "ppo": "apexrl.algorithms.ppo.builder:PPOBuilder",
 }
 
 
-def _load(name: str, which: int):
-    if name not in ALGORITHMS:
-        raise ValueError(f"algorithm: {name!r}, expected one of {sorted(ALGORITHMS)}")
-    module, attribute = ALGORITHMS[name][which].split(":")
-    return getattr(importlib.import_module(module), attribute)
+def get(name: str) -> type[Builder]:
+    """The builder registered as `name`, or imported from a "module:attribute" path (ValueError
+    naming the setting otherwise)."""
+    path = ALGORITHMS.get(name, name)
+    if ":" not in path:
+        raise ValueError(
+            f"algorithm: {name!r}, expected one of {sorted(ALGORITHMS)} or 'module:Builder'"
+        )
+    module, attribute = path.split(":")
+    try:
+        return getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"algorithm: {name!r} cannot be imported ({err})") from err
 
 
-def get(name: str) -> type[Algorithm]:
-    """The algorithm class registered as `name` (ValueError naming the setting otherwise)."""
-    return _load(name, 0)
+def settings(name: str) -> tuple[str, type]:
+    """(its config table's name, its Settings dataclass) of algorithm `name`."""
+    builder = get(name)
+    return builder.name, builder.Settings
 
 
-def make(config) -> Algorithm:
-    """The algorithm `config.algorithm` for `config.env`."""
+REGISTRY = Algorithms(names=tuple(ALGORITHMS), settings=settings)
+
+
+def make(config) -> Builder:
+    """The builder of `config.algorithm` for `config.env`, with `config.algo` its settings."""
     return get(config.algorithm)(config, env_spec(config.env, EnvOptions.of(config)))
 
 
 def transition_columns(config) -> list[Column]:
-    """The columns of `config.algorithm`'s transitions on `config.env`, without torch (the same
-    as make(config).columns(); ValueError for an env whose action space it cannot act in)."""
-    return _load(config.algorithm, 1)(env_spec(config.env, EnvOptions.of(config)), config)
+    """The columns of `config.algorithm`'s items on `config.env` (make(config).columns())."""
+    return make(config).columns()

@@ -7,27 +7,18 @@ time-major ([T, B]) here, as the V-trace and GAE recursions read them.
 """
 
 from collections.abc import Callable
-from typing import ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
-from apexrl.algorithms.base import (
-    Algorithm,
-    Column,
-    Learning,
-    Policy,
+from apexrl.algorithms.base import Learning, Policy, prefixed
+from apexrl.algorithms.networks import (
     adam,
+    build_torso,
+    load_numpy_state,
     load_optimizer_state,
     optimizer_state,
-    prefixed,
-)
-from apexrl.algorithms.columns import unroll_columns
-from apexrl.algorithms.networks import (
-    build_torso,
-    hidden_sizes,
-    load_numpy_state,
     state_to_numpy,
 )
 
@@ -75,6 +66,12 @@ class ActorCriticPolicy(Policy):
         with torch.no_grad():
             return self.net.policy(torch.from_numpy(obs)).argmax(1).numpy()
 
+    def step(self, obs, exploration, rng):
+        """Actors sample the policy and record the log-probabilities (the adder's
+        "log_probs")."""
+        actions, log_probs = self.sample(obs, rng)
+        return actions, {"log_probs": log_probs}
+
     def sample(self, obs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """Actions drawn from the policy (with the actor's numpy generator) and their
         log-probabilities, float32 [B]."""
@@ -90,16 +87,18 @@ class ActorCriticPolicy(Policy):
         with torch.no_grad():
             return self.net(torch.from_numpy(obs))[1].numpy()
 
-    def priorities(self, columns: dict[str, np.ndarray]) -> np.ndarray:
+    def priorities(self, items: dict[str, np.ndarray]) -> np.ndarray:
         """Unrolls are consumed in order, not by priority: all 1."""
-        return np.ones(len(columns["actions"]), np.float32)
+        return np.ones(len(items["actions"]), np.float32)
 
 
 class UnrollLearning(Learning):
     """One network and its Adam; subclasses define update()."""
 
-    def __init__(self, build: Callable[[], ActorCriticNetwork], config, device: torch.device):
-        self.config = config
+    def __init__(
+        self, build: Callable[[], ActorCriticNetwork], config, settings, device: torch.device
+    ):
+        self.config, self.settings = config, settings
         self.net = build().to(device)
         # eps 1e-5: Stable-Baselines3's and CleanRL's PPO (torch's default is 1e-8).
         self.optimizer = adam(self.net.parameters(), config.learning_rate, eps=1e-5)
@@ -134,37 +133,3 @@ class UnrollLearning(Learning):
     def load_state(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
         load_numpy_state(self.net, prefixed(arrays, "online"))
         load_optimizer_state(self.optimizer, arrays, "optimizer", meta["param_groups"])
-
-
-class UnrollAlgorithm(Algorithm):
-    """An on-policy algorithm: actors write unrolls to a queue table and sample their policy."""
-
-    exploration_name = "policy_sampling"
-    unrolls: ClassVar[bool] = True
-    learning_class: ClassVar[type[UnrollLearning]]
-
-    def __init__(self, config, spec):
-        super().__init__(config, spec)
-        self.columns()  # refuses continuous action spaces, naming the setting
-
-    def network(self) -> ActorCriticNetwork:
-        spec = self.spec
-        return ActorCriticNetwork(
-            spec.obs_shape,
-            spec.obs_dtype,
-            spec.num_actions,
-            hidden_sizes(self.config.hidden, "64,64"),
-        )
-
-    def columns(self) -> list[Column]:
-        return unroll_columns(self.spec, self.config.unroll_length)
-
-    def exploration(self, index: int, count: int) -> float:
-        """No ladder: every actor samples its policy (1 = sample, 0 would be greedy)."""
-        return 1.0
-
-    def policy(self) -> ActorCriticPolicy:
-        return ActorCriticPolicy(self.network())
-
-    def learning(self, config, device: torch.device) -> UnrollLearning:
-        return self.learning_class(self.network, config, device)

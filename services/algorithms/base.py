@@ -1,30 +1,64 @@
-"""What an algorithm is to the services: three small interfaces (Acme's shape, without its weight).
+"""What an algorithm is to the services: a builder and the small interfaces it makes (Acme's
+shape). The services call these and never look behind them: no service tests which algorithm
+or family it runs.
 
-- `Algorithm`: built from the shared agent settings and the env's spaces; declares the columns
-  its transitions carry, its exploration ladder, and makes the two halves below.
-- `Policy` (actors, evaluator, `apexrl eval`): acts on the published parameters, with the
-  exploration parameter an actor's lease gives it, or greedily; computes the initial
-  priorities of the transitions an actor sends.
-- `Learning` (learner): the networks, targets and optimizers; one update step on a sampled
-  batch returns the new priorities; the parameters to publish; what a checkpoint holds.
+- `Builder` (one per algorithm folder, `<name>/builder.py`, registered in algorithms/__init__.py):
+  its settings (a dataclass: the `[<name>]` table of the config file, its flags and `--help`),
+  its tuned presets per env, the replay tables it needs, and the factories below.
+- `Policy` (actors, the evaluator, `apexrl eval`): acts on published parameters, greedily or
+  with the exploration parameter an actor's lease gives it; `step` returns what the adder
+  records besides the actions; computes the initial priorities of the items an actor sends.
+- `Adder` (actors): turns the actor's steps into replay items, and says when the actor may
+  change its parameters.
+- `Dataset` (learner): how the learner reads its table (algorithms/datasets.py).
+- `Learning` (learner): networks, targets, optimizers; one update on a batch returns the new
+  priorities (or None) and the figures it reports as metrics; the parameters to publish; what
+  a checkpoint holds.
 
-The services stay algorithm-agnostic: sampling, threads, parameter serving, leases, checkpoint
-I/O, n-step adding and inserting live there, once.
+This module, the builders and the adders import no torch: local mode's parent process and the
+replay read the tables without it. What needs torch is imported where it is made.
 
-Checkpoint layout, every algorithm: the published parameters under "online/" (so a best
-model and a learner checkpoint are played the same way), everything else under names of the
+Checkpoint layout, every algorithm: the published parameters under "online/" (so a best model
+and a learner checkpoint are played the same way), everything else under names of the
 algorithm's choosing, JSON-able extras (optimizer param groups) in the meta.
+
+Writing an algorithm: a folder with a `builder.py` (a Builder subclass with its Settings
+dataclass), its policy and learning (networks, a pure loss, the update step), one line in
+ALGORITHMS, its tests. docs/algorithms.md walks through one.
 """
 
+from __future__ import annotations
+
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
 
-# Re-exported: the columns live torch-free in columns.py.
+# Re-exported: the columns live in columns.py.
 from apexrl.algorithms.columns import Column, action_bounds, nstep_columns  # noqa: F401
 from apexrl.algorithms.envs import EnvSpec
+from apexrl.config import ReplayTableConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from apexrl.algorithms.datasets import Dataset
+
+
+@dataclass
+class Step:
+    """One step of an actor's vector env, as its adder sees it (arrays [num_envs, ...])."""
+
+    obs: np.ndarray  # the observations acted on
+    actions: np.ndarray
+    extras: dict[str, np.ndarray]  # what Policy.step returned besides the actions
+    rewards: np.ndarray  # float32, clipped when the env's protocol clips them
+    ends: np.ndarray  # bool: the episode ended here (terminated, or a life lost)
+    truncated: np.ndarray  # bool: the episode was cut by a time limit
+    next_obs: np.ndarray  # the observations after the step (a new episode's first where one ended)
+    final_obs: np.ndarray  # as next_obs, but the ended episodes' last observations
+    version: int  # the parameter version that acted
 
 
 class Policy(ABC):
@@ -38,10 +72,38 @@ class Policy(ABC):
     def act(self, obs: np.ndarray, exploration: float, rng: np.random.Generator) -> np.ndarray:
         """Actions [B, ...] for observations [B, ...]; exploration 0 is the evaluation policy."""
 
+    def step(
+        self, obs: np.ndarray, exploration: float, rng: np.random.Generator
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """An actor's step: the actions and what its adder records besides them (behaviour
+        log-probabilities, values, recurrent state); by default act() and nothing more."""
+        return self.act(obs, exploration, rng), {}
+
     @abstractmethod
-    def priorities(self, columns: dict[str, np.ndarray]) -> np.ndarray:
-        """|TD error| [B] of transitions, from the policy's own networks (Ape-X's initial
-        priorities; the caller adds the priority epsilon)."""
+    def priorities(self, items: dict[str, np.ndarray]) -> np.ndarray:
+        """Initial priorities [B] of items the adder made, before the priority epsilon (Ape-X:
+        |TD error| from the actor's own networks; 1 where the table is not prioritized)."""
+
+
+class Adder(ABC):
+    """Turns an actor's steps into the items of one replay table (Acme's adders)."""
+
+    table: str  # the table its items go to
+
+    # Items go to replay as soon as they are made (False: gathered into inserts of the
+    # actor's insert_batch items).
+    insert_at_once: ClassVar[bool] = False
+
+    @property
+    def at_boundary(self) -> bool:
+        """Whether the actor may change its parameters now (an item spanning several steps is
+        acted by one version)."""
+        return True
+
+    @abstractmethod
+    def add(self, step: Step) -> dict[str, np.ndarray] | None:
+        """Takes one step of every env; returns the items it completed (columns, batch-major),
+        or None."""
 
 
 class Learning(ABC):
@@ -50,10 +112,11 @@ class Learning(ABC):
     @abstractmethod
     def update(
         self, batch: dict[str, torch.Tensor], weights: torch.Tensor, step: int
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor | None, dict[str, float]]:
         """One update on a sampled batch (columns on the device, importance weights [B]); step
-        counts updates from 1. Returns the detached |TD errors| [B] (the new priorities, before
-        the priority epsilon) and figures for metrics ("loss", "q_mean", ...)."""
+        counts updates from 1. Returns the new priorities [B] (detached, before the priority
+        epsilon; None when the table is not prioritized) and the figures the builder declares
+        (Builder.figures), by name; "loss" always."""
 
     @abstractmethod
     def parameters(self) -> dict[str, np.ndarray]:
@@ -68,65 +131,79 @@ class Learning(ABC):
         """Restores what state() returned."""
 
 
-class Algorithm(ABC):
-    """One algorithm for one env; the registry (algorithms/__init__.py) names it."""
+@dataclass(frozen=True)
+class ParameterSync:
+    """When an actor takes new parameters from the learner."""
+
+    # Pull every actor `pull_interval` env steps (False: after each item the adder completes).
+    periodic: bool = True
+    # Each item must be acted by a version newer than the previous item's: after an item the
+    # actor waits (up to `wait_seconds`) for the learner to publish one.
+    newer_each_item: bool = False
+    wait_seconds: float = 1.0
+
+
+class Builder(ABC):
+    """One algorithm for one env, built from the service's config (its `algo` holds this
+    algorithm's Settings) and the env's spaces."""
 
     name: ClassVar[str]
-    # What the exploration parameter is ("epsilon", "noise_scale"): the actor's metric name.
+    # The algorithm's own settings: a dataclass whose fields use config.option (documented);
+    # the `[<name>]` table of the config file, flags --<field>, env APEXRL_<FIELD>.
+    Settings: ClassVar[type]
+    # What the exploration parameter is (the actor's metric name) and its metric help.
     exploration_name: ClassVar[str]
-    # On-policy algorithms (actor_critic.py): actors write unrolls, not n-step transitions.
-    unrolls: ClassVar[bool] = False
-    # The learner trains only on unrolls of its current version (ppo), not on older ones.
-    current_version_only: ClassVar[bool] = False
+    exploration_help: ClassVar[str]
+    # The figures Learning.update reports besides "loss": metric name -> help.
+    figures: ClassVar[dict[str, str]] = {}
+    loss_help: ClassVar[str] = "Training loss of the last update."
+    parameter_sync: ClassVar[ParameterSync] = ParameterSync()
 
     def __init__(self, config, spec: EnvSpec):
-        """config: the shared agent settings (config.AgentConfig or a service's superset)."""
+        """config: a service's config (config.AgentConfig or a superset); spec: the env's."""
         self.config, self.spec = config, spec
+        self.settings = config.algo if config.algo is not None else self.Settings()
+        if not isinstance(self.settings, self.Settings):
+            raise ValueError(
+                f"algorithm: {self.name} takes its settings from [{self.name}], got"
+                f" {type(self.settings).__name__}"
+            )
+        self.check()
+
+    def check(self) -> None:  # noqa: B027 (a hook: most builders have nothing to refuse)
+        """Refuses an env or settings the algorithm cannot run (ValueError naming the setting)."""
+
+    @classmethod
+    def presets(cls, env_id: str) -> dict[str, dict[str, Any]]:
+        """Tuned settings for an env, by config table (`learner`, `actor`, ..., and the
+        algorithm's own name): what local mode starts with before the user's file."""
+        return {}
 
     @abstractmethod
     def columns(self) -> list[Column]:
-        """The columns of the transitions actors insert and the learner samples."""
+        """The columns of the items actors insert and the learner samples."""
+
+    @abstractmethod
+    def tables(self) -> list[ReplayTableConfig]:
+        """The replay tables the algorithm needs, by name (local mode configures the replay
+        from them; the learner refuses a replay whose tables differ)."""
 
     @abstractmethod
     def exploration(self, index: int, count: int) -> float:
         """The exploration parameter of place `index` among `count` live actors."""
 
     @abstractmethod
+    def adder(self, num_envs: int, policy: Policy) -> Adder: ...
+
+    @abstractmethod
     def policy(self) -> Policy: ...
 
     @abstractmethod
+    def dataset(self) -> Dataset: ...
+
+    @abstractmethod
     def learning(self, config, device: torch.device) -> Learning:
-        """config: the learner's settings (learning rates, target syncs, ...)."""
-
-
-def adam(parameters, lr: float, **options) -> torch.optim.Adam:
-    """Adam as every learner here makes it: fused (one kernel over all parameters; a Nature-CNN
-    step on one CPU core takes 1.5 ms instead of 10.2, a 128x128 MLP's 0.13 instead of 0.31)."""
-    return torch.optim.Adam(parameters, lr=lr, fused=True, **options)
-
-
-def optimizer_state(
-    optimizer: torch.optim.Optimizer, prefix: str
-) -> tuple[dict[str, np.ndarray], list]:
-    """An optimizer's tensors as prefix/<param index>/<key> arrays, and its param groups."""
-    state = optimizer.state_dict()
-    arrays = {
-        f"{prefix}/{index}/{key}": value.detach().cpu().numpy()
-        for index, entries in state["state"].items()
-        for key, value in entries.items()
-    }
-    return arrays, state["param_groups"]
-
-
-def load_optimizer_state(
-    optimizer: torch.optim.Optimizer, arrays: dict[str, np.ndarray], prefix: str, groups: list
-) -> None:
-    state: dict[int, dict[str, torch.Tensor]] = {}
-    for name, value in arrays.items():
-        if name.startswith(prefix + "/"):
-            index, key = name[len(prefix) + 1 :].split("/")
-            state.setdefault(int(index), {})[key] = torch.from_numpy(value.copy())
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
+        """config: the learner's settings (learning rate, batch size, ...)."""
 
 
 def prefixed(arrays: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:

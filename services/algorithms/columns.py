@@ -43,7 +43,7 @@ def compressed_observations(spec: EnvSpec) -> bool:
 
 
 def nstep_columns(spec: EnvSpec, action_dtype: np.dtype) -> list[Column]:
-    """The n-step transition (actor/nstep.py): obs, action, reward (the discounted n-step
+    """The n-step transition (adders/nstep.py): obs, action, reward (the discounted n-step
     return), discount (gamma^m, 0 after a terminal), next_obs. Learners need neither n nor gamma.
 
     Image observations go as one compressed column, "observations" = [obs, next_obs] stacked
@@ -65,8 +65,10 @@ def nstep_columns(spec: EnvSpec, action_dtype: np.dtype) -> list[Column]:
     return [pair, *rest]
 
 
-def unroll_columns(spec: EnvSpec, length: int) -> list[Column]:
-    """An unroll (actor/unroll.py): `length` consecutive steps of one env as one item, the time
+def unroll_columns(
+    spec: EnvSpec, length: int, algorithm: str = "the on-policy algorithms"
+) -> list[Column]:
+    """An unroll (adders/unroll.py): `length` consecutive steps of one env as one item, the time
     dimension first in every column. observations [length + 1, *obs] (the last is the
     observation after the last step, for the bootstrap value), actions, rewards, discounts
     (gamma, 0 after a terminal; a truncated step's reward carries gamma * V(final obs)), the
@@ -76,7 +78,7 @@ def unroll_columns(spec: EnvSpec, length: int) -> list[Column]:
         raise ValueError(f"unroll_length: must be >= 1, got {length}")
     if not spec.discrete:
         raise ValueError(
-            f"algorithm: impala and ppo act in Discrete action spaces; {spec.env_id} has a"
+            f"algorithm: {algorithm} acts in Discrete action spaces; {spec.env_id} has a"
             " continuous one (use algorithm = dpg)"
         )
     f32 = np.dtype(np.float32)

@@ -106,3 +106,33 @@ def load_numpy_state(module: nn.Module, arrays: Mapping[str, np.ndarray]) -> Non
         raise ValueError(f"weight names differ: missing {missing}, unexpected {unexpected}")
     # torch.tensor copies, so read-only buffers (np.frombuffer on gRPC bytes) are fine.
     module.load_state_dict({name: torch.tensor(array) for name, array in arrays.items()})
+
+
+def adam(parameters, lr: float, **options) -> torch.optim.Adam:
+    """Adam as every learner here makes it: fused (one kernel over all parameters; a Nature-CNN
+    step on one CPU core takes 1.5 ms instead of 10.2, a 128x128 MLP's 0.13 instead of 0.31)."""
+    return torch.optim.Adam(parameters, lr=lr, fused=True, **options)
+
+
+def optimizer_state(
+    optimizer: torch.optim.Optimizer, prefix: str
+) -> tuple[dict[str, np.ndarray], list]:
+    """An optimizer's tensors as prefix/<param index>/<key> arrays, and its param groups."""
+    state = optimizer.state_dict()
+    arrays = {
+        f"{prefix}/{index}/{key}": value.detach().cpu().numpy()
+        for index, entries in state["state"].items()
+        for key, value in entries.items()
+    }
+    return arrays, state["param_groups"]
+
+
+def load_optimizer_state(
+    optimizer: torch.optim.Optimizer, arrays: dict[str, np.ndarray], prefix: str, groups: list
+) -> None:
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in arrays.items():
+        if name.startswith(prefix + "/"):
+            index, key = name[len(prefix) + 1 :].split("/")
+            state.setdefault(int(index), {})[key] = torch.from_numpy(value.copy())
+    optimizer.load_state_dict({"state": state, "param_groups": groups})

@@ -4,7 +4,15 @@ import prometheus_client
 
 
 class LearnerMetrics:
-    def __init__(self, registry: prometheus_client.CollectorRegistry):
+    """The learner's own metrics, and a gauge per figure the algorithm reports
+    (Builder.figures: apexrl_learner_<name>, with the builder's help)."""
+
+    def __init__(
+        self,
+        registry: prometheus_client.CollectorRegistry,
+        figures: dict[str, str] | None = None,
+        loss_help: str = "Training loss of the last update.",
+    ):
         def gauge(name, doc):
             return prometheus_client.Gauge(f"apexrl_learner_{name}", doc, registry=registry)
 
@@ -13,9 +21,11 @@ class LearnerMetrics:
 
         self.updates = counter("updates", "Training updates (SGD steps) done by this process.")
         self.update_step = gauge("update_step", "Update step, kept across restarts.")
-        self.loss = gauge("loss", "Importance-weighted Huber loss of the last update.")
-        self.td_error = gauge("td_error_mean", "Mean |TD error| of the last batch.")
-        self.q_mean = gauge("q_mean", "Mean Q(s, a) of the last batch.")
+        self.loss = gauge("loss", loss_help)
+        self.td_error = gauge(
+            "td_error_mean", "Mean |TD error| of the last batch (algorithms with priorities)."
+        )
+        self.figures = {name: gauge(name, help) for name, help in (figures or {}).items()}
         self.weight_mean = gauge("is_weight_mean", "Mean importance weight of the last batch.")
         self.weight_min = gauge("is_weight_min", "Smallest importance weight of the last batch.")
         self.version = gauge("parameter_version", "Newest published parameter version.")
@@ -37,11 +47,20 @@ class LearnerMetrics:
         )
         self.policy_lag = gauge(
             "policy_lag",
-            "impala, ppo: learner version minus the mean version that acted, last batch.",
+            "Items that carry the version that acted (unrolls): learner version minus their mean"
+            " version, last batch.",
         )
-        self.stale_unrolls = counter(
-            "stale_unrolls_dropped", "ppo: sampled unrolls of an older version, not trained on."
+        self.stale_items = counter(
+            "stale_items_dropped",
+            "Sampled items of an older version than the newest, not trained on (datasets that"
+            " train on the newest version's items only).",
         )
         self.checkpoint_failures = counter(
             "checkpoint_failures", "Checkpoints that failed to write (previous ones kept)."
         )
+
+    def report(self, figures: dict[str, float]) -> None:
+        """An update's figures: "loss" and those the algorithm declared."""
+        self.loss.set(figures["loss"])
+        for name, gauge in self.figures.items():
+            gauge.set(figures[name])

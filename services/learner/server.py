@@ -32,7 +32,7 @@ def build(
     config: LearnerConfig, registry: prometheus_client.CollectorRegistry
 ) -> tuple[Service, Learner]:
     algorithm = algorithms.make(config)
-    metrics = LearnerMetrics(registry)
+    metrics = LearnerMetrics(registry, algorithm.figures, algorithm.loss_help)
     if not config.history_mb >= 0 or not math.isfinite(config.history_mb):
         raise ValueError(f"history_mb: must be finite and >= 0, got {config.history_mb}")
     store = ParameterStore(int(config.history_mb * 2**20))
@@ -40,7 +40,9 @@ def build(
     learner = Learner(config, algorithm, metrics, store)
     best = BestModel(config, learner.learning.parameters())
     servicer = LearnerServicer(store, leases, metrics.live_actors, best, algorithm)
-    replay = connect(config.replay, timeout=30.0, retry_seconds=None, tls=config)
+    replay = connect(
+        config.replay, table=learner.dataset.table, timeout=30.0, retry_seconds=None, tls=config
+    )
 
     def train() -> None:
         try:

@@ -8,7 +8,7 @@ import time
 import grpc
 import prometheus_client
 
-from apexrl.algorithms.base import Algorithm
+from apexrl.algorithms.base import Builder
 from apexrl.common.errors import InvalidArgument
 from apexrl.learner.best import BestModel
 from apexrl.learner.leases import Leases
@@ -25,7 +25,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         leases: Leases,
         live_actors: prometheus_client.Gauge,
         best: BestModel,
-        algorithm: Algorithm,
+        algorithm: Builder,
     ):
         self.store, self.leases, self.live_actors, self.best = store, leases, live_actors, best
         self.algorithm = algorithm

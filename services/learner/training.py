@@ -1,14 +1,14 @@
 """The training loop: an algorithm's update step kept busy by two helper threads (Acme's shape).
 
-- prefetch: a server-streamed SampleStream from replay, decoded to tensors on the device into
-  a bounded queue, so the step waits on the network only when replay cannot keep up; compressed
-  frames are decompressed here (zstd releases the GIL), into pinned memory on CUDA (impala
-  samples its queue one call per batch; ppo samples in the train thread, as its batch needs);
+- prefetch: the algorithm's dataset (algorithms/datasets.py) sampled from replay, decoded to
+  tensors on the device into a bounded queue, so the step waits on the network only when
+  replay cannot keep up; compressed frames are decompressed here (zstd releases the GIL), into
+  pinned memory on CUDA (a dataset that must not run ahead is sampled in the train thread);
 - train (the caller's thread): the algorithm's update step; it hands new priorities to
 - priorities: writes them back to replay, coalescing what queued up meanwhile, never
   stalling the step.
-Every publish_interval updates the algorithm's parameters become a new version (ppo's every
-update: its actors wait for each).
+Every publish_interval updates the algorithm's parameters become a new version (every update
+where the dataset needs each batch from the newest version: the actors wait for each).
 """
 
 import logging
@@ -17,13 +17,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-import grpc
 import numpy as np
 import torch
 
-from apexrl.algorithms.base import Algorithm
+from apexrl.algorithms.base import Builder
 from apexrl.algorithms.columns import unpack
 from apexrl.common.codec import Packed
+from apexrl.common.tensors import codec_to_proto, dtype_from_proto
 from apexrl.config import LearnerConfig
 from apexrl.learner import checkpoint
 from apexrl.learner.metrics import LearnerMetrics
@@ -65,11 +65,12 @@ class Learner:
     def __init__(
         self,
         config: LearnerConfig,
-        algorithm: Algorithm,
+        algorithm: Builder,
         metrics: LearnerMetrics,
         store: ParameterStore,
     ):
         self.config, self.algorithm, self.metrics, self.store = config, algorithm, metrics, store
+        self.dataset = algorithm.dataset()
         self.device = pick_device(config.device)
         self.autocast_dtype = autocast_dtype(config.precision, self.device)
         precision = "bfloat16 autocast" if self.autocast_dtype else "float32"
@@ -81,7 +82,6 @@ class Learner:
         self.columns = {c.name: c for c in algorithm.columns()}
         self.update_step = 0
         self.samples_consumed = 0
-        self._gathered: list = []  # ppo: current-version unrolls waiting for a full batch
         self.stop = threading.Event()
         self.helpers: list[threading.Thread] = []
         meta = (
@@ -141,24 +141,29 @@ class Learner:
             )
 
     def check_table(self, info) -> None:
-        """The table must suit the algorithm: a queue of unrolls (sampler fifo,
-        max_times_sampled 1) for impala and ppo, a replay table (items stay until evicted) for
-        dqn and dpg. A mismatch is a configuration error naming the table."""
-        name, kind = (
-            self.algorithm.name,
-            f"sampler {info.sampler}, max_times_sampled {info.max_times_sampled}",
-        )
-        queue_of_unrolls = info.sampler == "fifo" and info.max_times_sampled == 1
-        if self.algorithm.unrolls and not queue_of_unrolls:
+        """The replay's table must be the one the algorithm declares (sampler, remover,
+        max_times_sampled, rate limiter, and the columns once it has a signature): a mismatch
+        is a configuration error naming the table and the setting."""
+        want = {t.name: t for t in self.algorithm.tables()}[self.dataset.table]
+        got = {
+            "sampler": info.sampler, "remover": info.remover,
+            "max_times_sampled": info.max_times_sampled, "rate_limiter": info.rate_limiter,
+        }  # fmt: skip
+        for setting, value in got.items():
+            if value != getattr(want, setting):
+                raise ValueError(
+                    f"replay table {info.name!r}: {setting} is {value!r}, algorithm"
+                    f" {self.algorithm.name} needs {getattr(want, setting)!r} (the tables"
+                    " `apexrl local` writes into its config.toml, from the algorithm's builder)"
+                )
+        columns = {(c.name, dtype_from_proto(c.dtype, c.name), tuple(c.shape), c.codec)
+                   for c in info.signature}  # fmt: skip
+        needed = {(c.name, np.dtype(c.dtype), tuple(c.shape), codec_to_proto(c.codec))
+                  for c in self.columns.values()}  # fmt: skip
+        if columns and columns != needed:
             raise ValueError(
-                f"replay table {info.name!r} ({kind}): algorithm {name} learns each unroll once,"
-                " in order: it needs sampler fifo, max_times_sampled 1 (remover none,"
-                " rate_limiter queue)"
-            )
-        if not self.algorithm.unrolls and (info.max_times_sampled or info.remover == "none"):
-            raise ValueError(
-                f"replay table {info.name!r} ({kind}, remover {info.remover}) is a queue:"
-                f" algorithm {name} samples a replay table (max_times_sampled 0, remover fifo)"
+                f"replay table {info.name!r}: signature {want.signature!r} is what algorithm"
+                f" {self.algorithm.name} inserts; the table's columns differ"
             )
 
     def decode(self, batch) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
@@ -195,13 +200,13 @@ class Learner:
         threads = [
             threading.Thread(target=self._write_priorities, args=(replay, priorities), daemon=True)
         ]
-        in_turn = None  # ppo: sampled in this thread, see _current_version
-        if self.algorithm.current_version_only:
-            in_turn = self._decoded(self._one_call_each(replay, self._missing))
-        else:
+        in_turn = None  # a dataset that must not run ahead: sampled in this thread
+        if self.dataset.prefetch:
             threads.append(
                 threading.Thread(target=self._prefetch, args=(replay, batches), daemon=True)
             )
+        else:
+            in_turn = self._decoded(self._sample(replay))
         self.helpers = threads  # joined on shutdown: none may be inside gRPC when Python exits
         for thread in threads:
             thread.start()
@@ -215,19 +220,9 @@ class Learner:
                 )
                 break
             started = time.perf_counter()
-            if in_turn is not None:
-                item = next(in_turn, None)  # None: stopping
-                if item is not None:
-                    item = self._current_version(item)
-                if item is None:
-                    continue
-            else:
-                try:
-                    item = batches.get(timeout=0.5)
-                except queue.Empty:
-                    continue
-                if isinstance(item, BaseException):
-                    raise item
+            item = self._next(in_turn, batches)
+            if item is None:
+                continue
             waited += time.perf_counter() - started
             self.metrics.wait_seconds.inc(time.perf_counter() - started)
             self._update(*item, priorities)
@@ -242,57 +237,48 @@ class Learner:
         priorities.put(None)
         threads[0].join(10)
 
-    def _current_version(self, item):
-        """ppo: the batch's unrolls of the current version, gathered over sampled batches until
-        there are batch_size of them (older ones are dropped and counted); None until then.
-
-        The training thread samples them itself, each call asking for exactly the unrolls the
-        batch still lacks (_missing). Sampling ahead, or a full batch_size, waits on unrolls no
-        actor writes until the learner publishes whenever older unrolls fill part of a batch
-        (an actor that acted again while it waited): the learner then stalled until the
-        actors' VERSION_WAIT ran out, and stayed in that step, about a version a second."""
-        columns, weights, keys = item
-        current = (columns["version"] == self.store.version).cpu().numpy()
-        self.metrics.stale_unrolls.inc(int((~current).sum()))
-        if current.any():
-            index = torch.from_numpy(np.flatnonzero(current)).to(weights.device)
-            kept = ({k: v[index] for k, v in columns.items()}, weights[index], keys[current])
-            self._gathered.append(kept)
-        if sum(len(k) for _, _, k in self._gathered) < self.config.batch_size:
+    def _next(self, in_turn: Iterator | None, batches: queue.Queue):
+        """The next batch to train on, or None (none yet; or stopping)."""
+        if in_turn is not None:
+            item = next(in_turn, None)  # None: stopping
+        else:
+            try:
+                item = batches.get(timeout=0.5)
+            except queue.Empty:
+                return None
+            if isinstance(item, BaseException):
+                raise item
+        if item is None:
             return None
-        parts, self._gathered = self._gathered, []
-        columns = {k: torch.cat([c[k] for c, _, _ in parts]) for k in parts[0][0]}
-        return columns, torch.cat([w for _, w, _ in parts]), np.concatenate([k for *_, k in parts])
+        item, dropped = self.dataset.gather(item, self.store.version)
+        self.metrics.stale_items.inc(dropped)
+        return item
 
     def _update(self, columns, weights, keys, priorities: queue.Queue) -> None:
-        if "version" in columns:  # unrolls: how far behind the learner their actors were
+        if "version" in columns:  # items that carry their version: how far behind they were
             lag = self.store.version - columns["version"].float().mean().item()
             self.metrics.policy_lag.set(lag)
         with self.autocast():
             td_errors, figures = self.learning.update(columns, weights, self.update_step + 1)
         self.update_step += 1
         self.samples_consumed += len(keys)
-        td_errors = td_errors.cpu().numpy()
-        if not self.algorithm.unrolls:  # unrolls are consumed once, in order: no priorities
-            priorities.put((keys, td_errors + self.config.priority_epsilon))
-        # ppo's actors wait for every version; the others take the newest when they pull
+        m = self.metrics
+        if td_errors is not None:
+            td_errors = td_errors.cpu().numpy()
+            m.td_error.set(float(td_errors.mean()))
+            if self.dataset.prioritized:
+                priorities.put((keys, td_errors + self.config.priority_epsilon))
         if (
-            self.algorithm.current_version_only
+            self.dataset.publish_every_update
             or self.update_step % self.config.publish_interval == 0
         ):
             self.publish()
-        m = self.metrics
         m.updates.inc()
         m.update_step.set(self.update_step)
         m.samples.inc(len(keys))
-        m.loss.set(figures["loss"])
-        m.td_error.set(float(td_errors.mean()))
-        m.q_mean.set(figures["q_mean"])
+        m.report(figures)
         m.weight_mean.set(float(weights.mean()))
         m.weight_min.set(float(weights.min()))
-
-    def _missing(self) -> int:
-        return self.config.batch_size - sum(len(keys) for *_, keys in self._gathered)
 
     def _decoded(self, sampled: Iterator) -> Iterator:
         """Sampled batches as tensors on the device (to_device); the first one's columns
@@ -306,14 +292,12 @@ class Learner:
             if len(item[2]):
                 yield item
 
+    def _sample(self, replay: ReplayClient) -> Iterator:
+        return self.dataset.batches(replay, self.config.batch_size, self.config.beta, self.stop)
+
     def _prefetch(self, replay: ReplayClient, batches: queue.Queue) -> None:
-        sampled = (
-            self._one_call_each(replay, lambda: self.config.batch_size)
-            if self.algorithm.unrolls
-            else replay.sample_stream(self.config.batch_size, self.config.beta)
-        )
         try:
-            for item in self._decoded(sampled):
+            for item in self._decoded(self._sample(replay)):
                 while not self.stop.is_set():
                     try:
                         batches.put(item, timeout=0.5)
@@ -325,18 +309,6 @@ class Learner:
         except Exception as err:  # surfaced in the training thread
             if not self.stop.is_set():
                 batches.put(err)
-
-    def _one_call_each(self, replay: ReplayClient, size: Callable[[], int]) -> Iterator:
-        """A queue table's batches of size() items, one Sample call each, made when the
-        consumer asks for the next. A stream would keep sampling into gRPC's buffers while the
-        learner trains; sampled unrolls leave the queue, so a slow learner would empty it (the
-        actors, no longer held back, race ahead) and lose every buffered batch when it stops."""
-        while not self.stop.is_set():
-            try:
-                yield replay.sample(size(), self.config.beta)
-            except grpc.RpcError as err:  # the queue lacked a batch until the deadline: again
-                if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-                    raise
 
     def _write_priorities(self, replay: ReplayClient, priorities: queue.Queue) -> None:
         """Writes priorities back until `priorities` yields None (see write_priorities)."""

@@ -49,7 +49,7 @@ def test_lunar_lander_actions_are_two_float32_inside_their_bounds():
     [
         ("dqn", "Pendulum-v1", r"dqn needs a Discrete action space, Pendulum-v1"),
         ("dpg", "CartPole-v1", r"dpg needs a continuous \(Box\) action space, CartPole-v1"),
-        ("ppo", "Pendulum-v1", r"impala and ppo act in Discrete action spaces; Pendulum-v1"),
+        ("ppo", "Pendulum-v1", r"ppo acts in Discrete action spaces; Pendulum-v1"),
         (
             "a2c",
             "CartPole-v1",

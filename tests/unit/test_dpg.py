@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from apexrl.algorithms.base import nstep_columns
-from apexrl.algorithms.dpg.algorithm import DPG, POLICY_GRAD_CLIP, DPGLearning, DPGPolicy
+from apexrl.algorithms.dpg.builder import DPGBuilder as DPG
+from apexrl.algorithms.dpg.builder import Settings
+from apexrl.algorithms.dpg.learning import POLICY_GRAD_CLIP, DPGLearning, DPGPolicy
 from apexrl.algorithms.dpg.losses import critic_loss, critic_targets, policy_loss
 from apexrl.algorithms.dpg.networks import build_actor_critic
 from apexrl.algorithms.envs import EnvSpec
@@ -129,14 +131,15 @@ def box_spec(low=(-1.0, 0.0, -3.0), high=(1.0, 2.0, 3.0), obs_dim=4):
     return EnvSpec("Box-v0", (obs_dim,), np.dtype(np.float64), 0, low.shape, low, high)
 
 
-def agent_config(hidden="16,16"):
-    return SimpleNamespace(algorithm="dpg", env="Box-v0", hidden=hidden)
-
-
-def learner_config(target_update_interval=2):
+def agent_config(hidden="16,16", target_update_interval=2):
+    settings = Settings(target_update_interval=target_update_interval)
     return SimpleNamespace(
-        learning_rate=1e-3, max_grad_norm=10.0, target_update_interval=target_update_interval
+        algorithm="dpg", env="Box-v0", hidden=hidden, gamma=0.99, algo=settings
     )
+
+
+def learner_config():
+    return SimpleNamespace(learning_rate=1e-3, max_grad_norm=10.0)
 
 
 def test_actions_in_bounds_and_exploration_zero_is_deterministic():
@@ -196,10 +199,8 @@ def random_batch(spec, size, seed):
 
 def make_learning(target_update_interval=2, seed=0) -> tuple[DPG, DPGLearning]:
     torch.manual_seed(seed)
-    algorithm = DPG(agent_config(), box_spec())
-    return algorithm, algorithm.learning(
-        learner_config(target_update_interval), torch.device("cpu")
-    )
+    algorithm = DPG(agent_config(target_update_interval=target_update_interval), box_spec())
+    return algorithm, algorithm.learning(learner_config(), torch.device("cpu"))
 
 
 def test_update_returns_td_errors_figures_and_leaves_policy_step_off_the_critic():
@@ -316,7 +317,7 @@ def test_discrete_env_rejected():
 def test_registry_makes_dpg_for_a_box_env():
     from apexrl.algorithms import make
 
-    algorithm = make(SimpleNamespace(algorithm="dpg", env="Pendulum-v1", hidden="8"))
+    algorithm = make(SimpleNamespace(algorithm="dpg", env="Pendulum-v1", hidden="8", algo=None))
     assert isinstance(algorithm, DPG)
     assert algorithm.name == "dpg" and algorithm.exploration_name == "noise_scale"
 

@@ -1,25 +1,65 @@
 """The settings local mode writes for its services: an algorithm's defaults, one env's on top,
 the user's file over both."""
 
+import re
 import tomllib
 
-from apexrl import config as cfg
+import pytest
+
 from apexrl import local
 
 
-def learner_settings(tmp_path, env, user_file=None):
-    config = cfg.parse(cfg.LocalConfig, ["--algorithm", "impala", "--env", env], "local", "x")
-    run = local.Run(config, user_file or {}, tmp_path / env)
-    return tomllib.loads(run.config_path.read_text())["learner"]
+def written(tmp_path, env, user_file=None, *flags):
+    """The config.toml local mode writes for impala on `env`."""
+    path = tmp_path / "user.toml"
+    path.write_text(local.dump_toml(user_file or {}))
+    argv = ["--algorithm", "impala", "--env", env, "--config", str(path), *flags]
+    run = local.Run(local.parse(argv), user_file or {}, tmp_path / env)
+    return tomllib.loads(run.config_path.read_text())
 
 
-def test_impala_on_acrobot_takes_its_env_settings_and_a_user_file_overrides_them(tmp_path):
-    cartpole = learner_settings(tmp_path, "CartPole-v1")
-    acrobot = learner_settings(tmp_path, "Acrobot-v1")
+def test_impala_on_acrobot_takes_its_env_presets_and_a_user_file_overrides_them(tmp_path):
+    cartpole = written(tmp_path, "CartPole-v1")["impala"]
+    acrobot = written(tmp_path, "Acrobot-v1")["impala"]
     assert (cartpole["passes"], cartpole["gae_lambda"], cartpole["normalize_advantages"]) == (
         2, 1.0, False)  # fmt: skip
     assert (acrobot["passes"], acrobot["gae_lambda"], acrobot["normalize_advantages"]) == (
         20, 0.8, True)  # fmt: skip
-    assert acrobot["batch_size"] == cartpole["batch_size"] == 8  # the algorithm's, kept
-    mine = learner_settings(tmp_path, "Acrobot-v1", {"learner": {"passes": 3}})
-    assert mine["passes"] == 3 and mine["gae_lambda"] == 0.8
+    mine = written(tmp_path, "Acrobot-v1", {"impala": {"passes": 3}})
+    assert mine["impala"]["passes"] == 3 and mine["impala"]["gae_lambda"] == 0.8
+    assert mine["learner"]["batch_size"] == 8  # the algorithm's preset, kept
+    flagged = written(tmp_path, "Acrobot-v1", {"impala": {"passes": 3}}, "--passes", "5")
+    assert flagged["impala"]["passes"] == 5  # flags beat the file
+
+
+def test_the_replay_tables_are_the_builders_split_over_the_shards(tmp_path):
+    tables = written(tmp_path, "CartPole-v1", {}, "--replay-shards", "2")["replay"]["tables"]
+    assert [(t["name"], t["sampler"], t["rate_limiter"], t["capacity"]) for t in tables] == [
+        ("default", "fifo", "queue", 32)]  # fmt: skip
+    assert tables[0]["signature"] == local.signature(local.parse(["--algorithm", "impala"]))
+
+
+@pytest.mark.parametrize(
+    "user_file, message",
+    [
+        ({"replay": {"capacity": 10}}, r"\[replay\] capacity: .* set its sizes in \[impala\]"),
+        ({"ppo": {"epochs": 3}}, None),  # another registered algorithm's table: checked, kept
+        ({"impala": {"epochs": 3}}, r"\[impala\] has unknown key 'epochs'"),
+        ({"r2d3": {"burn_in": 3}}, r"unknown table \[r2d3\]"),
+    ],
+)
+def test_bad_settings_fail_before_any_process_naming_the_table(tmp_path, user_file, message):
+    if message is None:
+        assert written(tmp_path, "CartPole-v1", user_file)["impala"]["passes"] == 2
+        return
+    with pytest.raises((ValueError, SystemExit)) as caught:
+        written(tmp_path, "CartPole-v1", user_file)
+    assert not (tmp_path / "CartPole-v1" / "config.toml").exists()
+    if caught.type is ValueError:
+        assert re.search(message, str(caught.value)), caught.value
+
+
+def test_a_flag_of_another_algorithm_is_named(capsys):
+    with pytest.raises(SystemExit):
+        local.parse(["--algorithm", "dqn", "--epochs", "3"])
+    assert "--epochs is a setting of algorithm ppo, not of dqn" in capsys.readouterr().err

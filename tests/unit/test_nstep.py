@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from apexrl.actor.nstep import NStepAdder
+from apexrl.algorithms.adders.nstep import NStepAdder
 from apexrl.algorithms.envs import final_observations, make_vector_env
 
 FINAL = 100.0  # final obs of an episode, distinct from any step index
@@ -13,7 +13,7 @@ def run_single_env(adder, rewards, end):
     for t, r in enumerate(rewards):
         last = t == len(rewards) - 1
         next_obs = FINAL if last else t + 1
-        batch = adder.add(
+        batch = adder.record(
             np.array([[t]], np.float32),
             np.array([t % 2]),
             np.array([r]),
@@ -69,7 +69,7 @@ def test_episode_shorter_than_n_and_no_leak_into_next_episode():
 
 def test_n_equals_one_is_plain_one_step():
     adder = NStepAdder(num_envs=2, n=1, gamma=0.99)
-    batch = adder.add(
+    batch = adder.record(
         np.array([[0.0], [1.0]]),
         np.array([1, 0]),
         np.array([0.5, -1.0]),
@@ -129,7 +129,7 @@ def test_two_envs_ending_at_different_times_match_brute_force(n):
                 term[env] = end == "terminated"
                 trunc[env] = end == "truncated"
                 next_obs[env, 1] = -(env + 1) * 1000.0 - start_t  # this episode's final obs
-        batch = adder.add(obs, np.zeros(2), rewards[t], term, trunc, next_obs)
+        batch = adder.record(obs, np.zeros(2), rewards[t], term, trunc, next_obs)
         if batch is None:
             continue
         env_start = batch["obs"].astype(int)
@@ -160,7 +160,7 @@ def test_rejects_bad_arguments():
         NStepAdder(num_envs=1, n=3, gamma=1.5)
     adder = NStepAdder(num_envs=2, n=3, gamma=0.9)
     with pytest.raises(ValueError, match="2 envs"):
-        adder.add(
+        adder.record(
             np.zeros((3, 4)), np.zeros(3), np.zeros(3), *[np.zeros(3, bool)] * 2, np.zeros((3, 4))
         )
 
@@ -173,7 +173,7 @@ def test_cartpole_same_step_autoreset_gives_final_obs():
     for _ in range(60):
         actions = envs.action_space.sample()
         next_obs, rewards, terminated, truncated, infos = envs.step(actions)
-        batch = adder.add(
+        batch = adder.record(
             obs, actions, rewards, terminated, truncated, final_observations(next_obs, infos)
         )
         for env in np.flatnonzero(terminated | truncated):

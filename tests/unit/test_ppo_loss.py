@@ -171,7 +171,8 @@ def test_advantages_are_normalized_per_minibatch():
 
 @pytest.mark.parametrize("normalize", [True, False])
 def test_ppo_learner_passes_normalize_advantages_on(monkeypatch, normalize):
-    from apexrl.algorithms.ppo import algorithm as ppo
+    from apexrl.algorithms.ppo import learning as ppo
+    from apexrl.algorithms.ppo.builder import Settings
     from apexrl.config import LearnerConfig
 
     seen = []
@@ -181,8 +182,8 @@ def test_ppo_learner_passes_normalize_advantages_on(monkeypatch, normalize):
         return ppo_loss(*args, **kwargs)
 
     monkeypatch.setattr(ppo, "ppo_loss", recording)
-    config = LearnerConfig(algorithm="ppo", env="CartPole-v1", batch_size=2, epochs=2,
-                           minibatches=2, normalize_advantages=normalize)  # fmt: skip
+    settings = Settings(epochs=2, minibatches=2, normalize_advantages=normalize)
+    config = LearnerConfig(algorithm="ppo", env="CartPole-v1", batch_size=2, algo=settings)
     learning, batch = unroll_learning(config, 2)
     learning.update(batch, torch.ones(2), 1)
     assert seen == [normalize] * 4

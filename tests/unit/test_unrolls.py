@@ -6,7 +6,7 @@ import torch
 from scipy import stats
 
 from apexrl import algorithms
-from apexrl.actor.unroll import UnrollAdder, step_targets
+from apexrl.algorithms.adders.unroll import UnrollAdder, step_targets
 from apexrl.algorithms.actor_critic import ActorCriticNetwork, ActorCriticPolicy
 from apexrl.config import LearnerConfig
 
@@ -16,7 +16,7 @@ def test_unrolls_are_consecutive_steps_with_the_next_observation_last():
     items = []
     for t in range(7):
         obs = np.array([[10.0 * t], [10.0 * t + 1]], np.float32)
-        item = adder.add(obs, np.array([t, t + 1]), np.full(2, -0.5), np.full(2, float(t)),
+        item = adder.record(obs, np.array([t, t + 1]), np.full(2, -0.5), np.full(2, float(t)),
                          np.full(2, 0.9), obs + 10, version=100 + t)  # fmt: skip
         assert adder.at_boundary == (item is not None)
         if item is not None:
@@ -69,9 +69,13 @@ def test_policy_samples_follow_its_probabilities_and_report_their_log_probs():
 
 @pytest.mark.parametrize("name", ["impala", "ppo"])
 def test_on_policy_algorithms_learn_from_a_batch_of_unrolls(name):
-    config = LearnerConfig(algorithm=name, unroll_length=5, hidden="16", epochs=2, minibatches=2)
+    settings = algorithms.get(name).Settings(unroll_length=5)
+    if name == "ppo":
+        settings.epochs, settings.minibatches = 2, 2
+    config = LearnerConfig(algorithm=name, hidden="16", algo=settings)
     algorithm = algorithms.make(config)
-    assert algorithm.unrolls and algorithm.current_version_only == (name == "ppo")
+    dataset = algorithm.dataset()
+    assert not dataset.prioritized and dataset.publish_every_update == (name == "ppo")
     columns = {c.name: c for c in algorithm.columns()}
     assert columns["observations"].shape == (6, 4) and columns["version"].shape == ()
     learning = algorithm.learning(config, torch.device("cpu"))
@@ -86,36 +90,46 @@ def test_on_policy_algorithms_learn_from_a_batch_of_unrolls(name):
     }
     before = {k: v.copy() for k, v in learning.parameters().items()}
     priorities, figures = learning.update(batch, torch.ones(3), 1)
-    assert priorities.shape == (3,) and np.isfinite(figures["loss"])
+    assert priorities is None and np.isfinite(figures["loss"])
+    assert set(algorithm.figures) <= set(figures)  # every declared figure is reported
     after = learning.parameters()
     assert any(not np.array_equal(before[k], after[k]) for k in before)
 
 
 def test_on_policy_algorithms_refuse_continuous_actions():
-    with pytest.raises(ValueError, match="algorithm: impala and ppo act in Discrete"):
+    with pytest.raises(ValueError, match="algorithm: ppo acts in Discrete"):
         algorithms.make(LearnerConfig(algorithm="ppo", env="Pendulum-v1"))
 
 
 @pytest.mark.parametrize(
     "algorithm,table,message",
     [
-        ("dqn", dict(sampler="fifo", remover="none", max_times_sampled=1), "is a queue: algorithm dqn"),
-        ("ppo", dict(sampler="prioritized", remover="fifo", max_times_sampled=0),
-         "algorithm ppo learns each unroll once"),
-        ("impala", dict(sampler="uniform", remover="fifo", max_times_sampled=1), "needs sampler fifo"),
+        ("dqn", dict(sampler="fifo", remover="none", max_times_sampled=1),
+         "sampler is 'fifo', algorithm dqn needs 'prioritized'"),
+        ("ppo", dict(sampler="fifo", remover="fifo", max_times_sampled=0),
+         "remover is 'fifo', algorithm ppo needs 'none'"),
+        ("impala", dict(sampler="fifo", remover="none", max_times_sampled=2),
+         "max_times_sampled is 2, algorithm impala needs 1"),
     ],
 )  # fmt: skip
 def test_a_learner_refuses_a_table_of_the_wrong_kind_naming_it(algorithm, table, message):
     from types import SimpleNamespace
 
     from apexrl.learner.training import Learner
-    from apexrl.v1 import replay_pb2
+    from apexrl.v1 import replay_pb2, tensor_pb2
 
-    learner = SimpleNamespace(algorithm=algorithms.get(algorithm))
-    info = replay_pb2.TableInfo(name="unrolls", **table)
-    with pytest.raises(ValueError, match=f"replay table 'unrolls' .*{message}"):
+    builder = algorithms.make(LearnerConfig(algorithm=algorithm))
+    learner = SimpleNamespace(
+        algorithm=builder, dataset=builder.dataset(), columns={c.name: c for c in builder.columns()}
+    )
+    (want,) = builder.tables()
+    fits = dict(sampler=want.sampler, remover=want.remover,
+                max_times_sampled=want.max_times_sampled, rate_limiter=want.rate_limiter)  # fmt: skip
+    info = replay_pb2.TableInfo(name="default", **(fits | table))
+    with pytest.raises(ValueError, match=f"replay table 'default': {message}"):
         Learner.check_table(learner, info)
-    fits = dict(sampler="fifo", remover="none", max_times_sampled=1)
-    if algorithm == "dqn":
-        fits = dict(sampler="prioritized", remover="fifo", max_times_sampled=0)
-    Learner.check_table(learner, replay_pb2.TableInfo(name="unrolls", **fits))  # no error
+    Learner.check_table(learner, replay_pb2.TableInfo(name="default", **fits))  # no error
+    wrong = replay_pb2.TableInfo(name="default", **fits)
+    wrong.signature.add(name="obs", dtype=tensor_pb2.FLOAT32, shape=[3])
+    with pytest.raises(ValueError, match="the table's columns differ"):
+        Learner.check_table(learner, wrong)

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from apexrl.algorithms.impala.builder import Settings
 from apexrl.algorithms.impala.vtrace import VTrace, impala_loss, vtrace
 from tests.conftest import unroll_learning
 
@@ -188,7 +189,9 @@ def test_impala_takes_passes_gradient_steps_on_each_batch(passes):
     """passes = n: n Adam steps on one batch."""
     from apexrl.config import LearnerConfig
 
-    config = LearnerConfig(algorithm="impala", env="CartPole-v1", batch_size=4, passes=passes)
+    config = LearnerConfig(
+        algorithm="impala", env="CartPole-v1", batch_size=4, algo=Settings(passes=passes)
+    )
     learning, batch = unroll_learning(config, 4)
     learning.update(batch, torch.ones(4), 1)
     steps = {int(state["step"]) for state in learning.optimizer.state.values()}
@@ -199,9 +202,9 @@ def test_impala_refuses_passes_below_one():
     from apexrl import algorithms
     from apexrl.config import LearnerConfig
 
-    config = LearnerConfig(algorithm="impala", env="CartPole-v1", passes=0)
+    config = LearnerConfig(algorithm="impala", env="CartPole-v1", algo=Settings(passes=0))
     with pytest.raises(ValueError, match="^passes"):
-        algorithms.make(config).learning(config, torch.device("cpu"))
+        algorithms.make(config)
 
 
 def test_clipped_impala_loss_has_the_plain_gradient_at_the_start_and_none_past_the_clip():
@@ -250,7 +253,7 @@ def test_impala_passes_share_one_vtrace_and_clip_against_the_first_policy(monkey
     """V-trace runs once per batch, with the config's lambda; every pass's loss gets those
     targets and, with passes > 1, the log-probabilities of the policy before the first step and
     the clip; one pass is the published loss (no start, no ratio)."""
-    from apexrl.algorithms.impala import algorithm as impala
+    from apexrl.algorithms.impala import learning as impala
     from apexrl.config import LearnerConfig
 
     traces, losses = [], []
@@ -266,8 +269,10 @@ def test_impala_passes_share_one_vtrace_and_clip_against_the_first_policy(monkey
 
     monkeypatch.setattr(impala, "vtrace", recording_vtrace)
     monkeypatch.setattr(impala, "impala_loss", recording_loss)
-    config = LearnerConfig(algorithm="impala", env="CartPole-v1", batch_size=4, passes=passes,
-                           clip_range=0.3, gae_lambda=0.7, learning_rate=0.05)  # fmt: skip
+    settings = Settings(passes=passes, clip_range=0.3, gae_lambda=0.7)
+    config = LearnerConfig(
+        algorithm="impala", env="CartPole-v1", batch_size=4, learning_rate=0.05, algo=settings
+    )
     learning, batch = unroll_learning(config, 4)
     learning.update(batch, torch.ones(4), 1)
 
@@ -276,7 +281,7 @@ def test_impala_passes_share_one_vtrace_and_clip_against_the_first_policy(monkey
     first = traces[0][0]
     for _, targets, value_cost, entropy_cost, start, clip, normalize in losses:
         assert targets is losses[0][1]
-        assert (value_cost, entropy_cost, normalize) == (0.5, 0.01, True)
+        assert (value_cost, entropy_cost, normalize) == (0.5, 0.01, False)
         if passes == 1:
             assert start is None
         else:

@@ -1,4 +1,4 @@
-"""Fixed-length unrolls from a gymnasium vector env, for impala and ppo.
+"""Fixed-length unrolls from a gymnasium vector env, for the on-policy algorithms.
 
 Every `length` steps each env's last `length` steps become one item (the columns
 `apexrl.algorithms.columns.unroll_columns` declares): observations [length + 1, *obs] (the
@@ -11,11 +11,22 @@ A truncated episode (time limit) is not a terminal state: the caller adds gamma 
 to that step's reward and gives it discount 0 (algorithms/impala/vtrace.py documents it).
 """
 
+from collections.abc import Callable
+
 import numpy as np
 
+from apexrl.algorithms.base import Adder, Step
 
-class UnrollAdder:
-    def __init__(self, num_envs: int, length: int, obs_shape, obs_dtype):
+
+class UnrollAdder(Adder):
+    """Unrolls of one version each, inserted as soon as they are made (a queue's learner waits
+    for them)."""
+
+    insert_at_once = True
+
+    def __init__(self, num_envs: int, length: int, obs_shape, obs_dtype, *,
+                 gamma: float = 0.99, values: Callable | None = None, table: str = "default"):  # fmt: skip
+        self.table, self.gamma, self.values = table, gamma, values
         if num_envs < 1 or length < 1:
             raise ValueError(f"num_envs and length must be >= 1, got {num_envs}, {length}")
         self.length, self.t = length, 0
@@ -30,7 +41,17 @@ class UnrollAdder:
         """No unroll in progress: the place to change the parameters the actor acts with."""
         return self.t == 0
 
-    def add(self, obs, actions, log_probs, rewards, discounts, next_obs, version: int):
+    def add(self, step: Step) -> dict[str, np.ndarray] | None:
+        """`values` (the policy's V(obs)) bootstraps the truncated episodes' last rewards."""
+        rewards, discounts = step_targets(
+            step.rewards, step.ends, step.truncated, step.final_obs, self.values, self.gamma
+        )
+        log_probs = step.extras["log_probs"]
+        return self.record(
+            step.obs, step.actions, log_probs, rewards, discounts, step.next_obs, step.version
+        )
+
+    def record(self, obs, actions, log_probs, rewards, discounts, next_obs, version: int):
         """One step of every env; returns the unrolls (a dict of batch-major columns, one row
         per env) when they are complete, else None."""
         t = self.t

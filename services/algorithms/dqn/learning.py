@@ -1,23 +1,18 @@
-"""Ape-X DQN: double DQN with a dueling network on n-step transitions, epsilon-greedy actors."""
+"""Ape-X DQN's policy (epsilon-greedy) and learning (double DQN, dueling network, n-step)."""
 
 import numpy as np
 import torch
 
-from apexrl.algorithms.base import (
-    Algorithm,
-    Column,
-    Learning,
-    Policy,
+from apexrl.algorithms.base import Learning, Policy, prefixed
+from apexrl.algorithms.dqn.losses import dqn_loss
+from apexrl.algorithms.dqn.networks import QNetwork
+from apexrl.algorithms.networks import (
     adam,
+    load_numpy_state,
     load_optimizer_state,
     optimizer_state,
-    prefixed,
+    state_to_numpy,
 )
-from apexrl.algorithms.dqn.losses import dqn_loss
-from apexrl.algorithms.dqn.networks import QNetwork, build_network
-from apexrl.algorithms.dqn.transitions import check_spaces, columns
-from apexrl.algorithms.exploration import epsilon_ladder
-from apexrl.algorithms.networks import hidden_sizes, load_numpy_state, state_to_numpy
 
 
 class DQNPolicy(Policy):
@@ -47,8 +42,8 @@ class DQNPolicy(Policy):
 
 
 class DQNLearning(Learning):
-    def __init__(self, build, config, device: torch.device):
-        self.config = config
+    def __init__(self, build, config, settings, device: torch.device):
+        self.config, self.settings = config, settings
         self.online, self.target = build().to(device), build().to(device)
         self.target.load_state_dict(self.online.state_dict())
         self.optimizer = adam(self.online.parameters(), config.learning_rate)
@@ -59,7 +54,7 @@ class DQNLearning(Learning):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
-        if step % self.config.target_update_interval == 0:
+        if step % self.settings.target_update_interval == 0:
             self.target.load_state_dict(self.online.state_dict())
         return td_errors.abs(), {"loss": loss.item(), "q_mean": q.mean().item()}
 
@@ -76,30 +71,3 @@ class DQNLearning(Learning):
         load_numpy_state(self.online, prefixed(arrays, "online"))
         load_numpy_state(self.target, prefixed(arrays, "target"))
         load_optimizer_state(self.optimizer, arrays, "optimizer", meta["param_groups"])
-
-
-class DQN(Algorithm):
-    name = "dqn"
-    exploration_name = "epsilon"
-
-    def __init__(self, config, spec):
-        check_spaces(spec)
-        super().__init__(config, spec)
-
-    def network(self) -> QNetwork:
-        spec = self.spec
-        return build_network(
-            spec.obs_shape, spec.obs_dtype, spec.num_actions, hidden_sizes(self.config.hidden)
-        )
-
-    def columns(self) -> list[Column]:
-        return columns(self.spec)
-
-    def exploration(self, index: int, count: int) -> float:
-        return epsilon_ladder(index, count)
-
-    def policy(self) -> DQNPolicy:
-        return DQNPolicy(self.network())
-
-    def learning(self, config, device: torch.device) -> DQNLearning:
-        return DQNLearning(self.network, config, device)

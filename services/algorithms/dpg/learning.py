@@ -4,21 +4,16 @@ actors exploring with Gaussian action noise of a per-actor scale."""
 import numpy as np
 import torch
 
-from apexrl.algorithms.base import (
-    Algorithm,
-    Column,
-    Learning,
-    Policy,
+from apexrl.algorithms.base import Learning, Policy, prefixed
+from apexrl.algorithms.dpg.losses import critic_loss, policy_loss
+from apexrl.algorithms.dpg.networks import ActorCritic
+from apexrl.algorithms.networks import (
     adam,
+    load_numpy_state,
     load_optimizer_state,
     optimizer_state,
-    prefixed,
+    state_to_numpy,
 )
-from apexrl.algorithms.dpg.losses import critic_loss, policy_loss
-from apexrl.algorithms.dpg.networks import ActorCritic, build_actor_critic
-from apexrl.algorithms.dpg.transitions import check_spaces, columns
-from apexrl.algorithms.exploration import noise_ladder
-from apexrl.algorithms.networks import hidden_sizes, load_numpy_state, state_to_numpy
 
 # Element-wise bound on the policy's parameter gradients (Ape-X DPG clips them to [-1, 1]).
 POLICY_GRAD_CLIP = 1.0
@@ -62,13 +57,13 @@ class DPGLearning(Learning):
     what clipping dQ/da at the action (inverting gradients) is for. With Adam normalising
     the step the clip rarely binds; it keeps one outsized batch from turning the policy.
 
-    Targets: a hard copy of policy and critic every `target_update_interval` updates (Ape-X
+    Targets: a hard copy of policy and critic every `target_update_interval` updates ([dpg]) (Ape-X
     DPG syncs every 100 batches). On Pendulum, soft updates (tau 0.005 every update) took no
     fewer updates to solve than hard syncs every 50.
     """
 
-    def __init__(self, build, config, device: torch.device):
-        self.config = config
+    def __init__(self, build, config, settings, device: torch.device):
+        self.config, self.settings = config, settings
         self.online, self.target = build().to(device), build().to(device)
         self.target.load_state_dict(self.online.state_dict())
         self.target.requires_grad_(False)
@@ -98,7 +93,7 @@ class DPGLearning(Learning):
         torch.nn.utils.clip_grad_value_(online.policy.parameters(), POLICY_GRAD_CLIP)
         self.policy_optimizer.step()
 
-        if step % self.config.target_update_interval == 0:
+        if step % self.settings.target_update_interval == 0:
             target.load_state_dict(online.state_dict())
         figures = {
             "loss": loss.item(),
@@ -127,34 +122,3 @@ class DPGLearning(Learning):
         load_optimizer_state(
             self.policy_optimizer, arrays, "policy_optimizer", meta["policy_param_groups"]
         )
-
-
-class DPG(Algorithm):
-    name = "dpg"
-    exploration_name = "noise_scale"
-
-    def __init__(self, config, spec):
-        check_spaces(spec)
-        super().__init__(config, spec)
-
-    def networks(self) -> ActorCritic:
-        spec = self.spec
-        return build_actor_critic(
-            spec.obs_shape,
-            spec.obs_dtype,
-            spec.action_low,
-            spec.action_high,
-            hidden_sizes(self.config.hidden),
-        )
-
-    def columns(self) -> list[Column]:
-        return columns(self.spec)
-
-    def exploration(self, index: int, count: int) -> float:
-        return noise_ladder(index, count)
-
-    def policy(self) -> DPGPolicy:
-        return DPGPolicy(self.networks(), self.spec.action_low, self.spec.action_high)
-
-    def learning(self, config, device: torch.device) -> DPGLearning:
-        return DPGLearning(self.networks, config, device)

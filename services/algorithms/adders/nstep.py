@@ -15,7 +15,7 @@ needs neither n nor gamma.
 Feed it steps of an env made by `apexrl.algorithms.envs.make_vector_env`, which
 uses gymnasium's SAME_STEP autoreset: every step is a real transition and the
 final obs of an ending episode comes in `infos["final_obs"]`
-(`apexrl.algorithms.envs.final_observations` swaps it in). The columns it emits
+(`apexrl.algorithms.envs.final_observations` swaps it in: Step.final_obs). The columns it emits
 are the ones `apexrl.algorithms.base.nstep_columns` declares; actions keep the
 dtype and shape they come in (int64 indices, or float32 vectors). Windows are kept in a
 ring of n slots per env, indexed by start step mod n; the full window that
@@ -24,11 +24,14 @@ must be emitted is always the one whose slot the next step reuses.
 
 import numpy as np
 
+from apexrl.algorithms.base import Adder, Step
 
-class NStepAdder:
+
+class NStepAdder(Adder):
     """Turns per-step vector-env data into n-step transition columns."""
 
-    def __init__(self, num_envs: int, n: int, gamma: float):
+    def __init__(self, num_envs: int, n: int, gamma: float, table: str = "default"):
+        self.table = table
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         if n < 1:
@@ -47,7 +50,12 @@ class NStepAdder:
         self._length = np.zeros((num_envs, n), dtype=np.int64)
         self._active = np.zeros((num_envs, n), dtype=bool)
 
-    def add(
+    def add(self, step: Step) -> dict[str, np.ndarray] | None:
+        return self.record(
+            step.obs, step.actions, step.rewards, step.ends, step.truncated, step.final_obs
+        )
+
+    def record(
         self,
         obs: np.ndarray,
         actions: np.ndarray,

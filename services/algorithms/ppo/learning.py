@@ -1,20 +1,15 @@
-"""PPO (Schulman et al. 2017): the learner takes a fresh batch of unrolls, all acted by its
-current version, makes `epochs` passes of `minibatches` clipped-objective steps over it with
-GAE advantages, then publishes the next version; older unrolls are dropped (counted).
-
-A2C is the case epochs = 1, minibatches = 1, clip_range = 0 (unclipped: at ratio 1 the
-gradient of ratio * A is that of log pi * A).
-"""
+"""PPO's update: `epochs` passes of `minibatches` clipped-objective steps over a fresh batch of
+unrolls, with GAE advantages (builder.py says how the batch is made)."""
 
 import torch
 
-from apexrl.algorithms.actor_critic import UnrollAlgorithm, UnrollLearning
+from apexrl.algorithms.actor_critic import UnrollLearning
 from apexrl.algorithms.ppo.losses import gae, ppo_loss
 
 
 class PPOLearning(UnrollLearning):
     def update(self, batch, weights, step):
-        config = self.config
+        config = self.settings
         with torch.no_grad():
             _, values, bootstrap = self.forward(batch)
         rewards, discounts = self.time_major(batch, "rewards"), self.time_major(batch, "discounts")
@@ -40,10 +35,4 @@ class PPOLearning(UnrollLearning):
                 )  # fmt: skip
                 self.step(loss)
         figures = {k: float(v) for k, v in figures.items()}
-        return torch.zeros(batch["actions"].shape[0]), figures | {"q_mean": float(values.mean())}
-
-
-class PPO(UnrollAlgorithm):
-    name = "ppo"
-    current_version_only = True
-    learning_class = PPOLearning
+        return None, figures | {"value_mean": float(values.mean())}

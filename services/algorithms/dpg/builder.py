@@ -1,0 +1,70 @@
+"""Ape-X DPG's builder (Horgan et al. 2018): DDPG's deterministic policy and critic on n-step
+transitions from one prioritized table, actors exploring with Gaussian action noise on a
+ladder of scales."""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from apexrl.algorithms.columns import Column
+from apexrl.algorithms.exploration import noise_ladder
+from apexrl.algorithms.off_policy import SMALL_MACHINE, OffPolicyBuilder, OffPolicySettings
+
+
+@dataclass
+class Settings(OffPolicySettings):
+    """[dpg]: Ape-X DPG's settings (target_update_interval: a hard copy of policy and critic;
+    Ape-X DPG syncs every 100 batches)."""
+
+
+class DPGBuilder(OffPolicyBuilder):
+    name = "dpg"
+    Settings = Settings
+    exploration_name = "noise_scale"
+    exploration_help = (
+        "Gaussian action-noise std, as a fraction of the action half-range, from the actor's lease."
+    )
+    figures = {
+        "q_mean": "Mean Q(s, a) of the last batch.",
+        "policy_loss": "Policy loss (-Q(s, pi(s))) of the last update.",
+    }
+
+    @classmethod
+    def presets(cls, env_id: str) -> dict:
+        return {"dpg": SMALL_MACHINE}
+
+    def check(self) -> None:
+        super().check()
+        if self.spec.discrete:
+            raise ValueError(
+                f"algorithm: dpg needs a continuous (Box) action space, {self.spec.env_id} has"
+                f" a Discrete one with {self.spec.num_actions} actions (use algorithm = dqn)"
+            )
+
+    def columns(self) -> list[Column]:
+        """n-step transitions whose actions are float32 of the env's action shape, inside its
+        bounds."""
+        return self.item_columns(np.dtype(np.float32))
+
+    def exploration(self, index: int, count: int) -> float:
+        return noise_ladder(index, count)
+
+    def networks(self):
+        from apexrl.algorithms.dpg.networks import build_actor_critic
+        from apexrl.algorithms.networks import hidden_sizes
+
+        spec = self.spec
+        return build_actor_critic(
+            spec.obs_shape, spec.obs_dtype, spec.action_low, spec.action_high,
+            hidden_sizes(self.config.hidden),
+        )  # fmt: skip
+
+    def policy(self):
+        from apexrl.algorithms.dpg.learning import DPGPolicy
+
+        return DPGPolicy(self.networks(), self.spec.action_low, self.spec.action_high)
+
+    def learning(self, config, device):
+        from apexrl.algorithms.dpg.learning import DPGLearning
+
+        return DPGLearning(self.networks, config, self.settings, device)

@@ -1,0 +1,74 @@
+"""What the Ape-X algorithms (dqn, dpg) share, torch-free: n-step transitions in one prioritized
+table, sampled by a stream, priorities written back, actors pulling parameters every
+`pull_interval` steps."""
+
+from dataclasses import dataclass
+
+from apexrl.algorithms.adders.nstep import NStepAdder
+from apexrl.algorithms.base import Adder, Builder, Policy
+from apexrl.algorithms.columns import Column, nstep_columns
+from apexrl.config import ReplayTableConfig, option
+
+# The replay's own default name: a replay started with flat settings (one table) serves it.
+TABLE = "default"
+
+
+@dataclass
+class OffPolicySettings:
+    n_step: int = option(3, "n of the n-step returns the actors build")
+    target_update_interval: int = option(50, "learner updates between target network syncs")
+    capacity: int = option(1_000_000, "transitions the replay table holds (per shard)")
+    priority_exponent: float = option(
+        0.6, "the table's alpha: P(i) = p_i^alpha / sum p^alpha (0: uniform)"
+    )
+    min_size_to_sample: int = option(1000, "sampling waits until the table holds this many")
+    samples_per_insert: float = option(
+        0.0, "rate limiter: sampled transitions per inserted one (0: no ratio)"
+    )
+    error_buffer: float = option(
+        0.0, "rate limiter: allowed deviation from samples_per_insert, in samples"
+    )
+
+
+# Local mode on a small machine: each transition sampled about 8 times, the rate limiter holding
+# the actors back so the learner gets its share of the cores.
+SMALL_MACHINE = {
+    "capacity": 100_000,
+    "min_size_to_sample": 1_000,
+    "samples_per_insert": 8.0,
+    "error_buffer": 8_000.0,
+}
+
+
+class OffPolicyBuilder(Builder):
+    """n-step transitions of `action_dtype` actions; subclasses make the policy and learning."""
+
+    figures = {"q_mean": "Mean Q(s, a) of the last batch."}
+    loss_help = "Importance-weighted TD loss (Huber) of the last update."
+
+    def item_columns(self, action_dtype) -> list[Column]:
+        return nstep_columns(self.spec, action_dtype)
+
+    def check(self) -> None:
+        if self.settings.n_step < 1:
+            raise ValueError(f"n_step: must be >= 1, got {self.settings.n_step}")
+
+    def tables(self) -> list[ReplayTableConfig]:
+        s = self.settings
+        signature = ",".join(column.spec() for column in self.columns())
+        return [
+            ReplayTableConfig(
+                name=TABLE, capacity=s.capacity, sampler="prioritized", remover="fifo",
+                alpha=s.priority_exponent, rate_limiter="ratio",
+                min_size_to_sample=s.min_size_to_sample, samples_per_insert=s.samples_per_insert,
+                error_buffer=s.error_buffer, signature=signature,
+            )
+        ]  # fmt: skip
+
+    def adder(self, num_envs: int, policy: Policy) -> Adder:
+        return NStepAdder(num_envs, self.settings.n_step, self.config.gamma, table=TABLE)
+
+    def dataset(self):
+        from apexrl.algorithms.datasets import Stream
+
+        return Stream(TABLE)

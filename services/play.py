@@ -1,0 +1,62 @@
+"""apexrl eval: plays a learner checkpoint (by default the best model) greedily and prints the
+returns."""
+
+import dataclasses
+import sys
+from pathlib import Path
+
+from apexrl import config as cfg
+
+
+def saved_agent(saved: dict) -> cfg.AgentConfig:
+    """The agent settings a checkpoint was trained with (its algorithm's settings included)."""
+    from apexrl import algorithms
+
+    saved = {"algorithm": "dqn"} | saved  # checkpoints from before the algorithm layer
+    names = {f.name for f in dataclasses.fields(cfg.AgentConfig)}
+    agent = cfg.AgentConfig(**{k: v for k, v in saved.items() if k in names and k != "algo"})
+    settings_class = algorithms.get(agent.algorithm).Settings
+    known = {f.name for f in dataclasses.fields(settings_class)}
+    agent.algo = settings_class(
+        **{k: v for k, v in (saved.get("algo") or {}).items() if k in known}
+    )
+    return agent
+
+
+def main(argv: list[str]) -> int:
+    """apexrl eval --checkpoint PATH: plays a saved policy greedily (by default the best model)."""
+    from apexrl import algorithms
+    from apexrl.algorithms.base import prefixed
+    from apexrl.algorithms.envs import EnvOptions
+    from apexrl.algorithms.evaluation import evaluate
+    from apexrl.common import checkpoint
+    from apexrl.learner.best import KIND as BEST
+
+    config = cfg.parse(cfg.EvalConfig, argv, "eval", "apexrl eval")
+    path = Path(config.checkpoint)
+    if path.is_dir():
+        kinds = ["learner"] if config.latest else [BEST, "learner"]
+        found = next(filter(None, (checkpoint.load_newest(path, k) for k in kinds)), None)
+        if found is None:
+            sys.exit(f"apexrl eval: no valid checkpoint ({' or '.join(kinds)}) in {path}")
+        path, meta, arrays = found
+    else:
+        kind = BEST if path.name.startswith(f"{BEST}-") else "learner"
+        meta, arrays = checkpoint.read_checkpoint(path, kind)
+    agent = saved_agent(meta["config"])
+    policy = algorithms.make(agent).policy()
+    policy.load(prefixed(arrays, "online"))
+    options = EnvOptions.of(agent)
+    returns = evaluate(policy, agent.env, config.episodes, config.seed, config.epsilon, options)
+    what = f"{path}: {agent.env}, version {meta['version']} (update {meta['update_step']})"
+    if "mean_return" in meta:  # a best model: say what earned it
+        p = meta["protocol"]
+        what += (f", the best model: scored {meta['mean_return']:.1f} over {p['episodes']}"
+                 f" evaluator episodes (seeds {p['first_seed']}..)")  # fmt: skip
+    print(what)
+    print(f"seeds {config.seed}..{config.seed + config.episodes - 1}, epsilon {config.epsilon:g}")
+    print("returns: " + " ".join(f"{r:g}" for r in returns))
+    print(
+        f"mean {returns.mean():.1f}, min {returns.min():g}, max {returns.max():g} over {len(returns)} episodes"
+    )
+    return 0
