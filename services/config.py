@@ -9,16 +9,19 @@ Each service's settings are a dataclass whose field help is the documentation an
 - flags --<field-with-dashes>.
 """
 
-import argparse
 import dataclasses
 import math
-import os
-import sys
-import tomllib
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-T = TypeVar("T")
+# Re-exported: every service reads its config with these.
+from apexrl.config_parsing import (  # noqa: F401
+    Algorithms,
+    build_parser,
+    convert,
+    env_name,
+    parse,
+)
 
 
 def option(default: Any, help: str) -> Any:
@@ -151,7 +154,7 @@ def replay_table_configs(entries: list[dict], where: str = "[[replay.tables]]"):
                         f"{where}: table {name!r}: {key} applies to rate_limiter 'ratio' only"
                     )
         values = {
-            k: _convert(v, kinds[k], f"{where}: table {name!r}: {k}") for k, v in entry.items()
+            k: convert(v, kinds[k], f"{where}: table {name!r}: {k}") for k, v in entry.items()
         }
         tables.append(ReplayTableConfig(**values))
     return tables
@@ -315,224 +318,6 @@ class EvaluatorConfig(AgentConfig, ClientTLSConfig, ProcessConfig):
         " training, evaluation then takes only the CPU that training leaves idle",
     )
     threads: int = option(1, "torch CPU threads")
-
-
-def _convert(value: Any, kind: type, name: str) -> Any:
-    if kind is bool and isinstance(value, str):
-        lowered = value.strip().lower()
-        if lowered not in {"1", "0", "true", "false", "yes", "no"}:
-            raise ValueError(f"{name}: expected a boolean, got {value!r}")
-        return lowered in {"1", "true", "yes"}
-    try:
-        return kind(value)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{name}: expected {kind.__name__}, got {value!r}") from err
-
-
-def env_name(name: str) -> str:
-    return "APEXRL_" + name.upper()
-
-
-SECTIONS = ("replay", "learner", "actor", "evaluator", "local", "eval")
-
-
-@dataclass(frozen=True)
-class Algorithms:
-    """What parse() needs of the algorithm registry (the config layer imports no algorithm)."""
-
-    names: tuple[str, ...]  # the registered algorithms: their tables are algorithm tables
-    settings: Any  # name -> (its table name, its Settings dataclass); ValueError if unknown
-
-
-def _fields(cls: type) -> list:
-    return [f for f in dataclasses.fields(cls) if not f.metadata.get("internal")]
-
-
-def _add_flags(parser, fields: list) -> None:
-    for f in fields:
-        if f.metadata.get("file_only"):
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f"{f.metadata['help']} (env {env_name(f.name)})"
-        if f.type is bool:
-            parser.add_argument(
-                flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
-            )
-        else:
-            parser.add_argument(flag, type=f.type, default=f.default, help=help_text)
-
-
-def build_parser(
-    cls: type, prog: str, settings: tuple[str, type] | None = None
-) -> argparse.ArgumentParser:
-    """The flags of cls, and of the algorithm's settings (table name, Settings) if given."""
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description=cls.__doc__,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        allow_abbrev=False,
-    )
-    parser.add_argument(
-        "--config",
-        default=os.environ.get("APEXRL_CONFIG", ""),
-        help="TOML config file: top-level keys, then this service's [table] (env APEXRL_CONFIG)",
-    )
-    file_only = [f for f in _fields(cls) if f.metadata.get("file_only")]
-    if file_only:
-        parser.epilog = "settings only a config file sets: " + "; ".join(
-            f"{f.name}: {f.metadata['help']}" for f in file_only
-        )
-    _add_flags(parser, _fields(cls))
-    if settings is not None:
-        table, settings_class = settings
-        group = parser.add_argument_group(
-            f"{table} settings", f"the config file's [{table}] table, or these flags"
-        )
-        _add_flags(group, _fields(settings_class))
-    return parser
-
-
-def _read_file(path: str) -> dict:
-    with open(path, "rb") as fh:
-        return tomllib.load(fh)
-
-
-def _algorithm_name(cls: type, argv: list[str], data: dict) -> str | None:
-    """The algorithm a service runs, before its flags are parsed: flag, env, file, default."""
-    default = {f.name: f.default for f in _fields(cls)}.get("algorithm")
-    if default is None:
-        return None
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--algorithm")
-    flag = pre.parse_known_args(argv)[0].algorithm
-    return flag or os.environ.get(env_name("algorithm")) or data.get("algorithm") or default
-
-
-def _check_tables(
-    data: dict, path: str, algorithms: Algorithms, table: str, others: dict[str, set]
-) -> None:
-    """Every table of the file is a service's or an algorithm's, and an algorithm's table holds
-    only that algorithm's settings."""
-    for name, value in data.items():
-        if not isinstance(value, dict) or name in SECTIONS or name == table:
-            continue
-        if name not in algorithms.names:
-            raise ValueError(
-                f"{path}: unknown table [{name}]: neither a service ({', '.join(SECTIONS)}) nor"
-                f" an algorithm ({', '.join(algorithms.names)})"
-            )
-        for key in value:
-            if key not in others[name]:
-                raise ValueError(f"{path}: [{name}] has unknown key {key!r}")
-
-
-def parse(
-    cls: type[T],
-    argv: list[str] | None,
-    section: str,
-    prog: str,
-    algorithms: Algorithms | None = None,
-    presets: dict[str, dict] | None = None,
-) -> T:
-    """Builds cls from defaults, then the config file, then APEXRL_* env, then flags. With the
-    algorithm registry, the algorithm's own settings too (its [<name>] table, env and flags):
-    they become the config's `algo`; presets[<name>] then replace its defaults."""
-    argv = sys.argv[1:] if argv is None else argv
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--config", default=os.environ.get("APEXRL_CONFIG", ""))
-    config_path = pre.parse_known_args(argv)[0].config
-    data = _read_file(config_path) if config_path else {}
-    settings = None
-    algorithm = _algorithm_name(cls, argv, data) if algorithms else None
-    if algorithm is not None:
-        try:
-            settings = algorithms.settings(algorithm)
-        except ValueError as err:
-            build_parser(cls, prog).error(str(err))
-    parser = build_parser(cls, prog, settings)
-    _refuse_other_algorithms_flags(parser, argv, algorithms, settings)
-    args = parser.parse_args(argv)
-    explicit = {a.dest for a in parser._actions if a.option_strings and _given(a, argv)}
-    values = _values(cls, data, section, args.config, parser)
-    algo: dict[str, Any] = {}
-    if settings is not None:
-        table, settings_class = settings
-        others = {n: set(settings_fields(algorithms.settings(n)[1])) for n in algorithms.names}
-        others[table] = set(settings_fields(settings_class))
-        try:
-            _check_tables(data, args.config, algorithms, table, others)
-        except ValueError as err:
-            parser.error(str(err))
-        algo = (presets or {}).get(table, {}) | _values(
-            settings_class, {table: data.get(table, {})}, table, args.config, parser
-        )
-    for target, kinds in ((values, _kinds(cls)), (algo, _kinds(settings and settings[1]))):
-        for name, kind in kinds.items():
-            if env_name(name) in os.environ:
-                target[name] = _convert(os.environ[env_name(name)], kind, env_name(name))
-            if name in explicit:
-                target[name] = getattr(args, name)
-    if settings is not None:
-        values["algo"] = settings[1](**algo)
-    return cls(**values)
-
-
-def settings_fields(settings_class: type) -> dict[str, type]:
-    return {f.name: f.type for f in _fields(settings_class)}
-
-
-def _kinds(cls: type | None) -> dict[str, type]:
-    if cls is None:
-        return {}
-    return {f.name: f.type for f in _fields(cls) if not f.metadata.get("file_only")}
-
-
-def _values(cls: type, data: dict, section: str, path: str, parser) -> dict[str, Any]:
-    """cls's settings from a config file: top-level keys cls has, then the section's (whose
-    every key must be cls's)."""
-    kinds = _kinds(cls)
-    file_only = {f.name for f in _fields(cls) if f.metadata.get("file_only")}
-    values: dict[str, Any] = {}
-    from_file = {k: v for k, v in data.items() if not isinstance(v, dict)}
-    from_file.update(data.get(section, {}))
-    for key, value in from_file.items():
-        if key in file_only:
-            if not isinstance(value, list):
-                parser.error(f"{path}: {key} must be an array of tables ([[{section}.{key}]])")
-            values[key] = value
-            continue
-        if key not in kinds:
-            # Top-level keys are shared by all services: only a section's own keys must match.
-            if key in data.get(section, {}):
-                parser.error(f"{path}: [{section}] has unknown key {key!r}")
-            continue
-        values[key] = _convert(value, kinds[key], f"{path}: {key}")
-    return values
-
-
-def _refuse_other_algorithms_flags(parser, argv, algorithms, settings) -> None:
-    """A flag of another algorithm's settings: say whose it is (argparse would only call it
-    unrecognized)."""
-    if settings is None:
-        return
-    own = {"--" + n.replace("_", "-") for n in settings_fields(settings[1])}
-    own |= {o for a in parser._actions for o in a.option_strings}
-    for name in algorithms.names:
-        for field_name in settings_fields(algorithms.settings(name)[1]):
-            flag = "--" + field_name.replace("_", "-")
-            if flag not in own and any(t.split("=", 1)[0] == flag for t in argv):
-                parser.error(
-                    f"{flag} is a setting of algorithm {name}, not of {settings[0]}"
-                    f" (the algorithm this runs)"
-                )
-
-
-def _given(action: argparse.Action, argv: list[str]) -> bool:
-    """Whether the flag appears on the command line (argparse cannot tell a default from a value)."""
-    names = set(action.option_strings)
-    if isinstance(action, argparse.BooleanOptionalAction):
-        names |= {s.replace("--", "--no-", 1) for s in action.option_strings}
-    return any(t.split("=", 1)[0] in names for t in argv)
 
 
 @dataclass

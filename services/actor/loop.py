@@ -67,8 +67,8 @@ class ActorMetrics:
         self.episode_length = metric(
             H, "episode_length", "Episode length in steps.", buckets=LENGTH_BUCKETS
         )
-        # The algorithm's exploration parameter under its own name (dqn: epsilon, dpg:
-        # noise_scale): a metric keeps one meaning whatever the algorithm.
+        # The algorithm's exploration parameter under its own name (Builder.exploration_name):
+        # a metric keeps one meaning whatever the algorithm.
         self.exploration = metric(G, exploration_name, exploration_help)
         self.actor_index = metric(
             G, "ladder_index", "This actor's place in the exploration ladder."
@@ -77,7 +77,7 @@ class ActorMetrics:
         self.lag = metric(
             G, "parameter_lag", "Learner's newest version minus the actor's, at the last pull."
         )
-        # "transitions": replay items (n-step transitions, unrolls), as every dashboard names them.
+        # "transitions": the adder's items, whatever they hold, as every dashboard names them.
         self.inserted = metric(C, "transitions_inserted", "Items acknowledged by replay.")
         self.dropped = metric(
             C, "transitions_dropped", "Items dropped: buffer full while replay was unreachable."

@@ -144,39 +144,10 @@ def _metered(
     service, _, method = full_method.lstrip("/").partition("/")
     labels = (_rpc_type(handler), service, method)
     started_counter = metrics.started.labels(*labels)
-    by_code: dict[str, tuple] = {}  # code name -> (handled counter, seconds histogram)
-
-    def finish(context, started: float, error: BaseException | None) -> None:
-        if isinstance(error, asyncio.CancelledError):
-            code = grpc.StatusCode.CANCELLED
-        elif error is not None and not isinstance(error, grpc.aio.AbortError):
-            code = grpc.StatusCode.UNKNOWN
-        else:
-            code = context.code() or grpc.StatusCode.OK
-        name = code.name if isinstance(code, grpc.StatusCode) else str(code)
-        children = by_code.get(name)
-        if children is None:
-            children = by_code[name] = (
-                metrics.handled.labels(*labels, name),
-                metrics.seconds.labels(*labels, name),
-            )
-        children[0].inc()
-        children[1].observe(time.perf_counter() - started)
+    finish = _Finisher(metrics, labels)
 
     def checked(request):
-        """The request, or for client streams an iterator of them, refusing undecodable ones."""
-        if not handler.request_streaming:
-            if isinstance(request, _Undecodable):
-                raise request.error
-            return request
-
-        async def each():
-            async for item in request:
-                if isinstance(item, _Undecodable):
-                    raise item.error
-                yield item
-
-        return each()
+        return _checked(handler, request)
 
     async def abort_for(error: RequestError, context) -> None:
         log.debug("%s refused: %s", full_method, error)
@@ -230,6 +201,47 @@ def _metered(
         request_deserializer=_tolerant(handler.request_deserializer),
         response_serializer=handler.response_serializer,
     )
+
+
+class _Finisher:
+    """Counts and times an ended call under its status code."""
+
+    def __init__(self, metrics: RpcMetrics, labels: tuple):
+        self.metrics, self.labels = metrics, labels
+        self.by_code: dict[str, tuple] = {}  # code name -> (handled counter, seconds histogram)
+
+    def __call__(self, context, started: float, error: BaseException | None) -> None:
+        if isinstance(error, asyncio.CancelledError):
+            code = grpc.StatusCode.CANCELLED
+        elif error is not None and not isinstance(error, grpc.aio.AbortError):
+            code = grpc.StatusCode.UNKNOWN
+        else:
+            code = context.code() or grpc.StatusCode.OK
+        name = code.name if isinstance(code, grpc.StatusCode) else str(code)
+        children = self.by_code.get(name)
+        if children is None:
+            children = self.by_code[name] = (
+                self.metrics.handled.labels(*self.labels, name),
+                self.metrics.seconds.labels(*self.labels, name),
+            )
+        children[0].inc()
+        children[1].observe(time.perf_counter() - started)
+
+
+def _checked(handler: grpc.RpcMethodHandler, request):
+    """The request, or for client streams an iterator of them, refusing undecodable ones."""
+    if not handler.request_streaming:
+        if isinstance(request, _Undecodable):
+            raise request.error
+        return request
+
+    async def each():
+        async for item in request:
+            if isinstance(item, _Undecodable):
+                raise item.error
+            yield item
+
+    return each()
 
 
 class _Undecodable:

@@ -84,17 +84,10 @@ def run(
     algorithm = algorithms.make(config)
     policy = algorithm.policy()
     learner = LearnerClient(config.learner, retry_seconds=1.0, retry_cap=0.1, tls=config)
-    version, lineage, backoff, next_seed = 0, 0, Backoff(cap=2.0), config.seed
+    version, lineage, backoff = 0, 0, Backoff(cap=2.0)
     newest = 0  # the learner's newest version at the last answer
     best = -math.inf  # the best score the learner keeps (from its answers)
-
-    def play(episodes: int) -> np.ndarray:
-        nonlocal next_seed
-        returns = evaluate(
-            policy, config.env, episodes, next_seed, config.epsilon, EnvOptions.of(config)
-        )
-        next_seed += episodes  # every episode on a seed of its own
-        return returns
+    play = Games(policy, config)
 
     try:
         while not stop.is_set():
@@ -121,7 +114,6 @@ def run(
                 m.skipped.inc(params.version - version - 1)
             m.behind.set(params.newest_version - params.version)
             version, lineage, newest = params.version, params.lineage, params.newest_version
-            first_seed = next_seed
             returns = play(config.episodes)
             for value in returns:
                 m.returns.observe(value)
@@ -132,27 +124,48 @@ def run(
                 "evaluation of version %d (update %d): mean return %.1f over %d episodes",
                 version, params.update_step, returns.mean(), len(returns),
             )  # fmt: skip
-            if returns.mean() > best and config.confirm_episodes > 0:
-                # A candidate for the best model: ten lucky episodes are not enough to keep it.
-                returns = np.concatenate([returns, play(config.confirm_episodes)])
-                log.info(
-                    "confirmation of version %d: mean return %.1f over %d episodes",
-                    version, returns.mean(), len(returns),
-                )  # fmt: skip
-            if returns.mean() > best:
-                try:
-                    answer = learner.report_evaluation(
-                        params, returns, env=config.env, first_seed=first_seed,
-                        epsilon=config.epsilon,
-                    )  # fmt: skip
-                except grpc.RpcError as err:
-                    m.report_failures.inc()
-                    log.warning("best model candidate version %d not kept: %s", version, err)
-                    best = returns.mean()  # only better ones are worth a second round now
-                else:
-                    best = answer.best_mean_return
-                    m.best_mean.set(best)
-                    m.best_version.set(answer.best_version)
+            best = offer_best(learner, params, returns, best, play, config, m)
             stop.wait(max(0.0, config.interval - (time.monotonic() - started)))
     finally:
         learner.close()
+
+
+class Games:
+    """Plays episodes of the policy, every episode on a seed of its own, counting up."""
+
+    def __init__(self, policy, config: EvaluatorConfig):
+        self.policy, self.config, self.next_seed = policy, config, config.seed
+
+    def __call__(self, episodes: int) -> np.ndarray:
+        c = self.config
+        returns = evaluate(
+            self.policy, c.env, episodes, self.next_seed, c.epsilon, EnvOptions.of(c)
+        )
+        self.next_seed += episodes
+        return returns
+
+
+def offer_best(learner, params, returns: np.ndarray, best: float, play: Games, config, m) -> float:
+    """A version that beats the best score so far plays a confirmation round (ten lucky
+    episodes are not enough to keep it), and is offered to the learner with the mean over both
+    rounds. Returns the best score the learner now keeps."""
+    first_seed = play.next_seed - len(returns)
+    if returns.mean() > best and config.confirm_episodes > 0:
+        returns = np.concatenate([returns, play(config.confirm_episodes)])
+        log.info(
+            "confirmation of version %d: mean return %.1f over %d episodes",
+            params.version, returns.mean(), len(returns),
+        )  # fmt: skip
+    if returns.mean() <= best:
+        return best
+    try:
+        answer = learner.report_evaluation(
+            params, returns, env=config.env, first_seed=first_seed, epsilon=config.epsilon
+        )
+    except grpc.RpcError as err:
+        m.report_failures.inc()
+        log.warning("best model candidate version %d not kept: %s", params.version, err)
+        return returns.mean()  # only better ones are worth a second round now
+    m.best_mean.set(answer.best_mean_return)
+    m.best_version.set(answer.best_version)
+    return answer.best_mean_return

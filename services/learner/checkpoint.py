@@ -40,7 +40,7 @@ def resume(config, algorithm: str, learning: Learning) -> dict | None:
         log.info("no learner checkpoint in %s: starting fresh", config.checkpoint_dir)
         return None
     path, meta, arrays = found
-    held = meta.get("algorithm", "dqn")  # checkpoints from before the algorithm layer: dqn
+    held = meta.get("algorithm", "an unnamed algorithm")
     if held != algorithm:
         raise ValueError(
             f"checkpoint_dir: {path} holds a {held} learner's state, this learner runs"

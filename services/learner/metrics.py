@@ -47,7 +47,7 @@ class LearnerMetrics:
         )
         self.policy_lag = gauge(
             "policy_lag",
-            "Items that carry the version that acted (unrolls): learner version minus their mean"
+            "Items that carry the version that acted: learner version minus their mean"
             " version, last batch.",
         )
         self.stale_items = counter(

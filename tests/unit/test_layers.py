@@ -2,6 +2,7 @@
 other, the algorithm layer imports no service, the replay and the plumbing import neither."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,30 @@ def test_the_check_sees_an_import_it_forbids(tmp_path):
     sample = tmp_path / "x.py"
     sample.write_text("def f():\n    from apexrl.learner.service import build\n")
     assert "learner.service" in imported(sample)
+
+
+# The services run whatever algorithm their builder is: no family flag, no algorithm's name.
+ALGORITHM_WORDS = re.compile(
+    r"unrolls?|current_version_only|\b(dqn|dpg|impala|ppo|r2d2|nec|unreal|rainbow)\b", re.I
+)
+
+
+def algorithm_words(path: Path) -> list[str]:
+    """Lines of a file (code, strings and comments alike) naming an algorithm or a family."""
+    return [
+        f"{path.name}:{number}: {line.strip()}"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if ALGORITHM_WORDS.search(line)
+    ]
+
+
+@pytest.mark.parametrize("package", ["actor", "learner", "evaluator"])
+def test_services_never_name_an_algorithm_or_its_family(package):
+    found = [hit for f in sorted((SERVICES / package).rglob("*.py")) for hit in algorithm_words(f)]
+    assert not found, found
+
+
+def test_the_algorithm_check_sees_a_family_flag(tmp_path):
+    sample = tmp_path / "x.py"
+    sample.write_text("if algorithm.unrolls:\n    pass\nname = 'PPO'\n")
+    assert len(algorithm_words(sample)) == 2
