@@ -81,6 +81,12 @@ def build_parser(
     _add_flags(parser, _fields(cls))
     if settings is not None:
         table, settings_class = settings
+        shared = {f.name for f in _fields(cls)} & {f.name for f in _fields(settings_class)}
+        if shared:
+            raise ValueError(
+                f"algorithm {table}: its setting {sorted(shared)[0]!r} is also a setting of"
+                f" {prog}; an algorithm's settings need names of their own"
+            )
         group = parser.add_argument_group(
             f"{table} settings", f"the config file's [{table}] table, or these flags"
         )
