@@ -1,16 +1,17 @@
 """Replay memory per stored Atari-size item: apexrl against DeepMind Reverb 0.14, side by side.
 
-    python3 -m venv /tmp/reverb-venv
-    /tmp/reverb-venv/bin/pip install "dm-reverb==0.14.0" "tensorflow-cpu~=2.15.0" numpy psutil
-    .venv/bin/python benchmarks/atari_vs_reverb.py          # ~2 minutes here
-    .venv/bin/python benchmarks/atari_vs_reverb.py --items 2000 --repeats 1 --nsteps 1  # smoke
+    python3 -m venv ~/reverb-venv                      # any folder outside the repository
+    ~/reverb-venv/bin/pip install "dm-reverb==0.14.0" "tensorflow-cpu~=2.15.0" numpy psutil
+    .venv/bin/python benchmarks/atari_vs_reverb.py --reverb-python ~/reverb-venv/bin/python
+    .venv/bin/python benchmarks/atari_vs_reverb.py --reverb-python ~/reverb-venv/bin/python \
+        --items 2000 --repeats 1 --nsteps 1                 # smoke; the full run: ~2 minutes
 
-Issue 12's comparison: the same synthetic game-like items (synthetic_frames.py: obs and
+The comparison: the same synthetic game-like items (synthetic_frames.py: obs and
 next_obs uint8 [4, 84, 84] from one continuing trajectory, next_obs 1 frame later (n=1) and,
 also, 3 frames later (n=3), plus action / reward / discount), `items` (20,000) of them inserted
 into each system, capacity = items (nothing evicted), `repeats` (3) fresh servers each, median.
 Reverb never enters apexrl's venv: its side runs as a subprocess, reverb_side.py under
-`--reverb-python` (/tmp/reverb-venv/bin/python), which regenerates the same items from the same
+`--reverb-python` (that venv's Python), which regenerates the same items from the same
 seed and code; the two sides' sha256 of the items are compared before any figure is printed.
 
 apexrl: the actor's `pack` (obs and next_obs as one zstd frame per transition), a real

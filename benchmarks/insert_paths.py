@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/insert_paths.py [--seconds 3] [--repeats 3]
                                                 [--paths inserts,writers,priorities]
-                                                [--reverb /tmp/reverb-venv/bin/python]
+                                                [--reverb ~/reverb-venv/bin/python]
 
 One `apexrl replay` process (capacity 1M), CartPole-size transitions (obs f32[4], action i64,
 reward f32, discount f32, next_obs f32[4]); medians of the repeats, every path in each repeat.

@@ -1,7 +1,7 @@
 """The DeepMind Reverb half of atari_vs_reverb.py. Runs under a Python that has dm-reverb
 0.14 (a separate venv, never apexrl's), which atari_vs_reverb.py calls:
 
-    /tmp/reverb-venv/bin/python benchmarks/reverb_side.py --items 20000 --nstep 1 --repeats 3
+    ~/reverb-venv/bin/python benchmarks/reverb_side.py --items 20000 --nstep 1 --repeats 3
 
 Per repeat: a fresh Reverb server in its own process (`serve` below: one reverb.Table,
 Prioritized(0.6) sampler, Fifo remover, max_size = items, MinSize(1) rate limiter), then this
@@ -24,7 +24,7 @@ stdout: one JSON object per repeat, then one with all of them (the last line).
 `--priorities SECONDS`: Reverb's priority path instead, the counterpart of insert_paths.py's
 update_priorities_512 (which runs this through `insert_paths.py --reverb PYTHON`):
 
-    /tmp/reverb-venv/bin/python benchmarks/reverb_side.py --priorities 3 --repeats 3
+    ~/reverb-venv/bin/python benchmarks/reverb_side.py --priorities 3 --repeats 3
 
 Per repeat: a fresh server (`serve`, max_size 1,000,000), filled with 200,000 CartPole-size items
 (obs f32[4], action i64, reward f32, discount f32, next_obs f32[4]; zeros, as insert_paths.py

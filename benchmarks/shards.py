@@ -14,7 +14,7 @@ minimum), medians over repeats, the load average alongside. stdout: one JSON obj
 
 On this 2-core machine every shard, writer and sampler shares the same two cores, so more
 shards cannot add CPU: the figures show the clients' overhead of splitting and merging more
-than any gain. The gain needs cores per shard (run it on the 16-core device machine).
+than any gain. The gain needs a core or more per shard: run it on a machine that has them.
 """
 
 import argparse
