@@ -6,7 +6,7 @@ sidecar loads); `--check` exits 1 when either checked-in file differs from the g
 
 Every query is plain PromQL, runnable as it stands (`promtool query instant`): fixed [1m]
 rate windows, no Grafana macros; only the datasource is a dashboard variable. Metric names
-are the catalogue in README.md ("Metrics"); `panel_queries()` lists every expression.
+are the catalogue in docs/metrics.md; `panel_queries()` lists every expression.
 """
 
 import argparse

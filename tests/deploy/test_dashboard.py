@@ -2,7 +2,7 @@
 
 Whether every query returns data is for an end-to-end run against a real Prometheus
 (`dashboard.panel_queries()`); here: the checked-in files equal freshly generated ones, the
-JSON is a dashboard Grafana can load, every metric a query names is in README.md's metrics
+JSON is a dashboard Grafana can load, every metric a query names is in docs/metrics.md's metrics
 table, and the ConfigMap is what the kube-prometheus-stack sidecar picks up.
 """
 
@@ -17,7 +17,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 GRAFANA = REPO / "deploy" / "grafana"
-README = REPO / "README.md"
+README = REPO / "docs" / "metrics.md"
 NAMESPACE = "apexrl"
 K8S_VERSIONS = ["1.27.0", "1.32.0"]
 # The one metric not exported by apexrl: the restarts panel needs kube-state-metrics.
@@ -49,7 +49,7 @@ dashboard = load_generator()
 
 
 def catalogue() -> dict[str, str]:
-    """README.md's metrics table as {name: type}.
+    """docs/metrics.md's metrics table as {name: type}.
 
     A row may list several names with `_suffix` shorthands (`apexrl_learner_loss`,
     `_td_error_mean`) and several types ("counter, gauge"), paired in order when they match up.
@@ -170,7 +170,7 @@ def test_queries_are_plain_promql(board):
 
 
 def catalogued_type(name: str, metrics: dict[str, str]) -> str | None:
-    """The README type of a queried series name (histogram series by their family)."""
+    """The documented type of a queried series name (histogram series by their family)."""
     if name in metrics:
         return metrics[name]
     for suffix in HISTOGRAM_SUFFIXES:
@@ -190,7 +190,7 @@ def test_every_queried_metric_is_catalogued():
         assert names, f"no metric in {expr!r}"
         for name in names:
             assert catalogued_type(name, metrics), (
-                f"{name} (in {expr!r}) is not in README.md's metrics table"
+                f"{name} (in {expr!r}) is not in docs/metrics.md's metrics table"
             )
 
 

@@ -635,13 +635,13 @@ def test_network_policies_allow_exactly_the_service_flows(bundle):
 
 
 def readme_metrics() -> set[str]:
-    """Metric names in README.md's metrics table.
+    """Metric names in docs/metrics.md's metrics table.
 
     A row may abbreviate: `apexrl_learner_loss`, `_td_error_mean` shares a prefix with the
     row's first name, so `_suffix` entries count with every prefix of that name.
     """
     names = set()
-    for line in (REPO / "README.md").read_text().splitlines():
+    for line in (REPO / "docs" / "metrics.md").read_text().splitlines():
         if not line.startswith("| `"):
             continue
         first, *rest = re.findall(r"`([a-z_]+)`", line.split("|")[1])
@@ -728,7 +728,7 @@ def test_alerts_watch_the_documented_metrics():
         metrics = promql_metrics(rule["expr"])
         assert watched[alert] in metrics, alert
         ours = {m for m in metrics if m.startswith(("apexrl_", "grpc_", "process_"))}
-        assert ours <= documented, f"{alert}: not in README's metrics table: {ours - documented}"
+        assert ours <= documented, f"{alert}: not in docs/metrics.md's metrics table: {ours - documented}"
         assert metrics - ours <= KUBERNETES_METRICS, f"{alert}: unexpected {metrics - ours}"
         assert rule["labels"]["severity"] in ("warning", "critical"), alert
         assert rule["annotations"]["summary"], alert
