@@ -20,7 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from apexrl import cli, local
+from apexrl import algorithms, cli
 from apexrl import config as cfg
 from apexrl.replay import keys
 
@@ -162,6 +162,12 @@ def config_toml(docs: list[dict]) -> str:
     return named(docs, "ConfigMap", CONFIG_MAP)["data"][CONFIG_KEY]
 
 
+def replay_table(data: dict, table: str = "default") -> dict:
+    """The [[replay.tables]] entry named `table` of a parsed ConfigMap file."""
+    (entry,) = [t for t in data["replay"]["tables"] if t["name"] == table]
+    return entry
+
+
 def effective_config(docs: list[dict], name: str, tmp_path: Path, monkeypatch):
     """The settings `apexrl <name>` would run with in this pod, parsed by apexrl.config."""
     workload = workloads(docs)[name]
@@ -186,7 +192,7 @@ def effective_config(docs: list[dict], name: str, tmp_path: Path, monkeypatch):
         assert "value" in env, f"{name}: env {env['name']} is a literal value"
         monkeypatch.setenv(env["name"], env["value"])
     try:
-        return cfg.parse(SERVICES[name], args, name, f"apexrl {name}")
+        return cfg.parse(SERVICES[name], args, name, f"apexrl {name}", algorithms.REGISTRY)
     except SystemExit:
         pytest.fail(f"apexrl {name} rejects the manifest's args {args} (see stderr)")
 
@@ -521,46 +527,94 @@ def test_every_pod_runs_unprivileged(bundle):
 # --- configuration -------------------------------------------------------------------------
 
 
-def test_config_map_parses_for_every_service(bundle, tmp_path):
-    name, docs = bundle
-    text = config_toml(docs)
-    data = tomllib.loads(text)
-    assert {k for k, v in data.items() if isinstance(v, dict)} == set(SERVICES), name
-    # parse() ignores top-level keys no service has (they are shared): catch typos here.
-    known = {f.name for cls in SERVICES.values() for f in dataclasses.fields(cls)}
-    unknown = {k for k, v in data.items() if not isinstance(v, dict)} - known
-    assert not unknown, f"{name}: top-level keys no service reads: {unknown}"
+def parse_config_map(name: str, text: str, tmp_path: Path) -> dict:
+    """Service -> the settings `apexrl <service> --config FILE` reads from the ConfigMap's file
+    (with the algorithm registry, as apexrl.cli parses: the algorithm's table too)."""
     path = tmp_path / CONFIG_KEY
     path.write_text(text)
     configs = {}
     for section, cls in SERVICES.items():
         try:
-            configs[section] = cfg.parse(cls, ["--config", str(path)], section, f"apexrl {section}")
+            configs[section] = cfg.parse(
+                cls, ["--config", str(path)], section, f"apexrl {section}", algorithms.REGISTRY
+            )
         except SystemExit:
             pytest.fail(f"{name}: [{section}] of {CONFIG_KEY} is rejected (see stderr)")
-    # The learner, actors and evaluator agree on the agent (only set at the top level).
+    return configs
+
+
+def test_config_map_parses_for_every_service(bundle, tmp_path):
+    name, docs = bundle
+    text = config_toml(docs)
+    data = tomllib.loads(text)
+    # A table per service and the algorithm's own (its settings: n_step, ...), nothing else.
+    algorithm = algorithms.get(data["algorithm"]).name
+    tables = {k for k, v in data.items() if isinstance(v, dict)}
+    assert tables == set(SERVICES) | {algorithm}, name
+    # parse() ignores top-level keys no service has (they are shared): catch typos here.
+    known = {f.name for cls in SERVICES.values() for f in dataclasses.fields(cls)}
+    unknown = {k for k, v in data.items() if not isinstance(v, dict)} - known
+    assert not unknown, f"{name}: top-level keys no service reads: {unknown}"
+    configs = parse_config_map(name, text, tmp_path)
+    # The learner, actors and evaluator agree on the agent (only set at the top level) and on
+    # the algorithm's settings (its table, read by each of them).
     agent = [f.name for f in dataclasses.fields(cfg.AgentConfig)]
+    assert "algo" in agent
     for section in ("learner", "actor", "evaluator"):
         assert not set(data[section]) & set(agent), f"{name}: [{section}] sets agent keys"
         values = [getattr(configs[section], field) for field in agent]
         assert values == [getattr(configs["learner"], field) for field in agent]
-    # The replay refuses what the algorithm would not learn from (local mode derives the same).
-    assert configs["replay"].signature == local.signature(configs["learner"]), name
+    settings = configs["learner"].algo
+    assert dataclasses.asdict(settings) == {
+        **dataclasses.asdict(algorithms.get(algorithm).Settings()),
+        **data[algorithm],
+    }, f"{name}: [{algorithm}] is the learner's algo"
+
+
+# What the learner checks of the replay's table (training.check_table), and the columns.
+TABLE_DECLARED = ("name", "sampler", "remover", "max_times_sampled", "rate_limiter", "signature")
+
+
+def test_replay_tables_are_the_algorithms(bundle, tmp_path):
+    """The replay's [[replay.tables]] are the tables the algorithm's builder declares for the
+    env (as `apexrl local` writes them), but for their sizes: the sampler, remover,
+    max_times_sampled and rate limiter the learner checks at start, and the signature that
+    refuses inserts of another algorithm or env. Flat table settings in [replay] would make
+    a table the builder did not declare."""
+    name, docs = bundle
+    text = config_toml(docs)
+    data = tomllib.loads(text)
+    flat = {f.name for f in dataclasses.fields(cfg.ReplayTableConfig)} | {"table"}
+    assert not flat & set(data["replay"]), f"{name}: table settings belong in [[replay.tables]]"
+    assert data["replay"].get("tables"), f"{name}: [replay] declares no [[replay.tables]]"
+    configs = parse_config_map(name, text, tmp_path)
+    served = configs["replay"].table_configs()
+    declared = algorithms.make(configs["learner"]).tables()
+
+    def identity(tables: list[cfg.ReplayTableConfig]) -> list[dict]:
+        return [{key: getattr(table, key) for key in TABLE_DECLARED} for table in tables]
+
+    assert identity(served) == identity(declared), name
+    # The actors and the evaluator build the same algorithm, so the same tables.
+    for section in ("actor", "evaluator"):
+        assert identity(algorithms.make(configs[section]).tables()) == identity(declared)
 
 
 def test_dpg_overlay_switches_the_whole_stack_by_its_agent_settings():
     base = tomllib.loads(config_toml(bundle_docs("base")))
     dpg = tomllib.loads(config_toml(bundle_docs("overlays/dpg")))
     assert (dpg["algorithm"], dpg["env"]) == ("dpg", "Pendulum-v1")
-    assert "action:float32:1:-2..2" in dpg["replay"]["signature"]
+    assert "action:float32:1:-2..2" in replay_table(dpg)["signature"]
     for table in ("replay", "learner", "actor", "evaluator"):  # the same keys, tuned values
         assert set(dpg[table]) == set(base[table]), table
+    assert set(replay_table(dpg)) == set(replay_table(base))
+    assert set(dpg["dpg"]) == set(base["dqn"]), "the algorithms' tables set the same keys"
 
 
 def test_atari_overlay_runs_pong_from_compressed_frames_with_room_for_2m_transitions():
     atari = tomllib.loads(config_toml(bundle_docs("overlays/atari")))
-    assert atari["env"].startswith("ALE/") and atari["replay"]["capacity"] == 2_000_000
-    assert atari["replay"]["signature"].startswith("observations:uint8:2x4x84x84:zstd,")
+    assert atari["env"].startswith("ALE/") and replay_table(atari)["capacity"] == 2_000_000
+    assert replay_table(atari)["signature"].startswith("observations:uint8:2x4x84x84:zstd,")
     replay = workloads(bundle_docs("overlays/atari"))["replay"]
     resources = container(replay)["resources"]
     # benchmarks/atari.py: ~0.46 KB a stored Pong transition, ~1.9 KB MsPacman.
@@ -578,10 +632,11 @@ def test_large_overlay_config_differs_only_in_replay():
         k: v for k, v in base.items() if k != "replay"
     }
     assert set(large["replay"]) == set(base["replay"])
+    assert set(replay_table(large)) == set(replay_table(base))
     # capacity is per shard: the toml says 4M in all over the overlay's shards.
     shards = workloads(bundle_docs("overlays/large"))["replay"]["spec"]["replicas"]
     assert shards == REPLAY_SHARDS["overlays/large"]
-    assert shards * large["replay"]["capacity"] == 4_000_000 > base["replay"]["capacity"]
+    assert shards * replay_table(large)["capacity"] == 4_000_000 > replay_table(base)["capacity"]
 
 
 # --- network policies ----------------------------------------------------------------------
@@ -728,7 +783,9 @@ def test_alerts_watch_the_documented_metrics():
         metrics = promql_metrics(rule["expr"])
         assert watched[alert] in metrics, alert
         ours = {m for m in metrics if m.startswith(("apexrl_", "grpc_", "process_"))}
-        assert ours <= documented, f"{alert}: not in docs/metrics.md's metrics table: {ours - documented}"
+        assert ours <= documented, (
+            f"{alert}: not in docs/metrics.md's metrics table: {ours - documented}"
+        )
         assert metrics - ours <= KUBERNETES_METRICS, f"{alert}: unexpected {metrics - ours}"
         assert rule["labels"]["severity"] in ("warning", "critical"), alert
         assert rule["annotations"]["summary"], alert

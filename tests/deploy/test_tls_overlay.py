@@ -58,6 +58,7 @@ GENERIC = [
     tm.test_learner_gpu_request,
     tm.test_resources_have_requests_within_limits,
     tm.test_config_map_parses_for_every_service,
+    tm.test_replay_tables_are_the_algorithms,
     tm.test_network_policies_allow_exactly_the_service_flows,
 ]
 REPLACED = {
