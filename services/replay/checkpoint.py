@@ -62,8 +62,9 @@ import numpy as np
 from apexrl.common import checkpoint as generic
 from apexrl.common.checkpoint import CorruptCheckpoint
 from apexrl.replay.frames import FrameRows
-from apexrl.replay.samplers import QueueLimiter
-from apexrl.replay.table import ColumnSpec, RateLimiter, TableState
+from apexrl.replay.rate_limiters import QueueLimiter, RateLimiter
+from apexrl.replay.signature import ColumnSpec
+from apexrl.replay.state import TableState
 
 __all__ = [
     "KIND",

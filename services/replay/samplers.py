@@ -1,102 +1,154 @@
-"""How a table picks, drops and admits items: Reverb's samplers, removers and queue limiter.
+"""Which items a batch holds: Reverb's item selectors, as small objects over a table's slots.
 
-A table (replay/table.py) is a composition of plain values, checked together once
-(`check_composition`):
+A sampler is one class with a name (the `sampler` setting's value) and one registry line
+(SAMPLERS). Each table makes its own (`SAMPLERS[name](rng)`) and asks it for a batch's slots
+(`select`); the table gathers the items and counts the samples. The table holds the keys, the
+priorities and the sum tree that every sampler reads; a sampler keeps only what it needs on
+top (the fifo and lifo scan cursors), told of inserts and restores.
 
-- sampler: which items a batch holds.
-  "prioritized": P(i) = p_i^alpha / sum p^alpha on the sum tree, stratified (today's table);
-  "uniform": every held item equally likely, P(i) = 1 / size;
-  "fifo": the oldest held items, oldest first; "lifo": the newest, newest first. fifo and
-  lifo are not random: their probabilities are reported as 1 and their weights as 1.
-- remover: what an insert does at capacity. "fifo": the item in its slot (the oldest, key -
-  capacity) is evicted. "none": the insert waits until its slots are free (a queue).
-- max_times_sampled: 0 (unlimited) or k >= 1: an item leaves the table after its k-th
-  sample, and a batch holds distinct items (fifo and lifo batches always do).
-- rate limiter: "ratio" (replay/table.py RateLimiter, Reverb's SampleToInsertRatio) or
-  "queue" (`QueueLimiter`).
+- "prioritized": P(i) = p_i^alpha / sum p^alpha on the sum tree, stratified;
+- "uniform": every held item equally likely, P(i) = 1 / size;
+- "fifo": the oldest held items, oldest first; "lifo": the newest, newest first. fifo and lifo
+  are not random: their probabilities are reported as 1 and their weights as 1, and their
+  batches always hold distinct items.
 
-Keys stay insertion sequence numbers with slot = key % capacity, so an item that leaves frees
-its slot (slot_keys -1, weight 0 in the sum tree) and only the key that maps there can use it
-again. With remover "none" an insert waits while any slot of its keys still holds an item:
-capacity bounds the span of keys held (newest - oldest + 1), which is exactly "the table is
-full" when items leave in key order. Only the fifo sampler removes in key order, so remover
-"none" takes sampler "fifo": any other order leaves holes that inserts cannot use, and a
-batch could wait forever for items that have no room to arrive.
+A batch holds distinct items too when the table's items leave after max_times_sampled samples
+(`table.distinct`); the table checks that it holds enough before it asks.
 """
 
-from dataclasses import dataclass
+from typing import ClassVar, Protocol
 
 import numpy as np
 
 from apexrl.common.errors import FailedPrecondition
 from apexrl.replay.sumtree import SumTree
 
-SAMPLERS = ("prioritized", "uniform", "fifo", "lifo")
-REMOVERS = ("fifo", "none")
-RATE_LIMITERS = ("ratio", "queue")
+# What a sampler returns: slots (int64 [batch]), probabilities (float64 [batch], P(i) at
+# sampling time) and importance weights (float32 [batch], the largest 1).
+Selection = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
-@dataclass(frozen=True)
-class QueueLimiter:
-    """Reverb's Queue limiter: inserts wait while the table has no room for the whole batch,
-    samples until the table holds the whole batch.
+class Items(Protocol):
+    """What a sampler reads of its table (replay/table.py)."""
 
-    Both conditions are the table's own (remover "none" waits for room, a distinct batch for
-    items), so the limiter adds none. What it does add is the promise that no pair of batch
-    sizes deadlocks: an insert of n waits while size > capacity - n and a sample of B while
-    size < B, so both wait at once only if n + B > capacity + 1. The table refuses a batch that
-    would make such a pair with a batch already requested (FAILED_PRECONDITION naming it).
-    """
+    name: str
+    capacity: int
+    inserts: int
+    slot_keys: np.ndarray  # int64 [capacity]: the key in each slot, -1 = empty
+    tree: SumTree  # p^alpha of each slot
 
-    kind = "queue"
+    @property
+    def used(self) -> int: ...
 
-    def can_insert(self, inserts: int, samples: int) -> bool:
-        return True
+    @property
+    def size(self) -> int: ...
 
-    def can_sample(self, inserts: int, samples: int, size: int) -> bool:
-        return size >= 1
-
-    def to_json(self) -> dict:
-        return {"kind": self.kind}
+    @property
+    def distinct(self) -> bool: ...
 
 
-def check_composition(
-    table: str, sampler: str, remover: str, max_times_sampled: int, rate_limiter: str
-) -> None:
-    """ValueError naming the table and the setting if these cannot work together."""
-    where = f"table {table!r}"
-    if sampler not in SAMPLERS:
-        raise ValueError(f"{where}: sampler {sampler!r} is not one of {', '.join(SAMPLERS)}")
-    if remover not in REMOVERS:
-        raise ValueError(f"{where}: remover {remover!r} is not one of {', '.join(REMOVERS)}")
-    if rate_limiter not in RATE_LIMITERS:
-        raise ValueError(
-            f"{where}: rate_limiter {rate_limiter!r} is not one of {', '.join(RATE_LIMITERS)}"
-        )
-    k = max_times_sampled
-    if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 0:
-        raise ValueError(f"{where}: max_times_sampled must be an integer >= 0, got {k!r}")
-    if remover == "none" and k == 0:
-        raise ValueError(
-            f"{where}: remover 'none' with max_times_sampled 0: items would never leave, so the"
-            " first full table would hold every insert forever (set max_times_sampled >= 1)"
-        )
-    if remover == "none" and sampler != "fifo":
-        raise ValueError(
-            f"{where}: remover 'none' needs sampler 'fifo', got {sampler!r}: slots are key %"
-            " capacity, so items sampled out of insertion order leave holes no insert can use"
-            " and a batch could wait forever"
-        )
-    if remover == "none" and rate_limiter != "queue":
-        raise ValueError(
-            f"{where}: remover 'none' needs rate_limiter 'queue', got {rate_limiter!r}: the"
-            " ratio limiter can hold samples while inserts wait for room"
-        )
-    if rate_limiter == "queue" and remover != "none":
-        raise ValueError(
-            f"{where}: rate_limiter 'queue' needs remover 'none', got {remover!r}: with"
-            " eviction a full queue would drop unread items instead of holding the insert"
-        )
+class Sampler:
+    """Picks the slots of a batch among the items a table holds (at least one, and at least
+    the batch when the batch holds distinct items)."""
+
+    name: ClassVar[str]  # the sampler setting's value
+    always_distinct: ClassVar[bool] = False  # whether its batches hold distinct items anyway
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+
+    def select(self, table: Items, batch: int, beta: float) -> Selection:
+        raise NotImplementedError
+
+    def inserted(self, inserts: int, capacity: int) -> None:
+        """The table now holds the items of keys up to inserts - 1."""
+
+    def restored(self, inserts: int, capacity: int) -> None:
+        """The table's contents were replaced by a state's of `inserts` inserts."""
+
+
+class PrioritizedSampler(Sampler):
+    """Stratified prioritized replay: item b of a batch of B comes from the b-th of B equal
+    segments of the sum tree's mass; importance weights (N P_i)^-beta, normalized to 1."""
+
+    name = "prioritized"
+
+    def select(self, table: Items, batch: int, beta: float) -> Selection:
+        tree = table.tree
+        total = tree.total
+        if not total > 0:
+            raise FailedPrecondition("table", f"table {table.name!r}: every priority is 0")
+        if table.distinct:
+            slots = distinct_prioritized_slots(self.rng, tree, batch, table.name)
+        else:
+            slots = stratified_slots(self.rng, tree, batch)
+        probabilities = tree.get(slots) / total
+        # w_i = (N P_i)^-beta / max_j (N P_j)^-beta = (min_j P_j / P_i)^beta: N cancels,
+        # and this form cannot overflow for tiny P; the largest weight is exactly 1.
+        weights = (probabilities.min() / probabilities) ** float(beta)
+        return slots, probabilities, weights.astype(np.float32)
+
+
+class UniformSampler(Sampler):
+    """Every held item equally likely, whatever its priority."""
+
+    name = "uniform"
+
+    def select(self, table: Items, batch: int, beta: float) -> Selection:
+        size = table.size
+        slots = uniform_slots(self.rng, table.slot_keys, table.used, size, batch, table.distinct)
+        return slots, np.full(batch, 1.0 / size), np.ones(batch, dtype=np.float32)
+
+
+class FifoSampler(Sampler):
+    """The oldest held items, oldest first."""
+
+    name = "fifo"
+    always_distinct = True
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        super().__init__(rng)
+        self.oldest = 0  # keys below it are not held: where the scan starts, tightened by it
+
+    def select(self, table: Items, batch: int, beta: float) -> Selection:
+        keys = held_keys(table.slot_keys, self.oldest, table.inserts, batch, newest=False)
+        self.oldest = int(keys[0])
+        return keys % table.capacity, np.ones(batch), np.ones(batch, dtype=np.float32)
+
+    def inserted(self, inserts: int, capacity: int) -> None:
+        self.oldest = max(self.oldest, inserts - capacity)  # older keys were overwritten
+
+    def restored(self, inserts: int, capacity: int) -> None:
+        self.oldest = max(0, inserts - capacity)
+
+
+class LifoSampler(Sampler):
+    """The newest held items, newest first."""
+
+    name = "lifo"
+    always_distinct = True
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        super().__init__(rng)
+        self.newest_end = 0  # keys from it on are not held: where the scan starts
+
+    def select(self, table: Items, batch: int, beta: float) -> Selection:
+        oldest = max(0, table.inserts - table.capacity)  # older keys were overwritten
+        keys = held_keys(table.slot_keys, oldest, self.newest_end, batch, newest=True)
+        self.newest_end = int(keys[0]) + 1
+        return keys % table.capacity, np.ones(batch), np.ones(batch, dtype=np.float32)
+
+    def inserted(self, inserts: int, capacity: int) -> None:
+        self.newest_end = inserts
+
+    restored = inserted
+
+
+# The sampler setting's values, each the sampler it names.
+SAMPLERS: dict[str, type[Sampler]] = {
+    sampler.name: sampler
+    for sampler in (PrioritizedSampler, UniformSampler, FifoSampler, LifoSampler)
+}
 
 
 def held_keys(slot_keys: np.ndarray, start: int, stop: int, count: int, newest: bool) -> np.ndarray:

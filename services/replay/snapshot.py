@@ -20,11 +20,14 @@ exactly the table as it was when `Snapshot` was made, however calls interleave.
 import numpy as np
 
 from apexrl.replay.frames import FrameRows, FrameStore
+from apexrl.replay.state import TableState
 
 CHUNK = 16_384  # slots: ~0.8 MB of copies for Atari items, a few ms each
 
 
 class Snapshot:
+    """The copy of one table (a replay.table.Table) that the table tells before it writes."""
+
     def __init__(self, table):
         self.table = table
         self.used = table.used  # rows ever written: the copy's rows
@@ -55,18 +58,16 @@ class Snapshot:
         if self.done and self.table._snapshot is self:  # the table's writes concern it no more
             self.table._snapshot = None
 
-    def finish(self):
+    def finish(self) -> TableState:
         """Copies what is left, then the TableState."""
         self.copy_next()
         while not self.done:
             self.copy_next()
         return self.assemble()
 
-    def assemble(self):
+    def assemble(self) -> TableState:
         """The TableState from the copied chunks: touches no table, so any thread may call it
         once `done`."""
-        from apexrl.replay.table import TableState  # the table module imports this one
-
         table, chunks = self.table, self.chunks
         columns = {}
         for name, column in table.columns.items():

@@ -802,7 +802,7 @@ def test_replay_memory_alert_keeps_only_the_replay():
         if r["alert"] == "ApexrlReplayNearMemoryLimit"
     ]
     assert "and on (instance) apexrl_replay_capacity" in " ".join(rule["expr"].split())
-    replay_code = (DEPLOY.parent / "services" / "replay" / "server.py").read_text()
+    replay_code = (DEPLOY.parent / "services" / "replay" / "metrics.py").read_text()
     assert '"capacity"' in replay_code and "apexrl_replay_{name}" in replay_code
 
 

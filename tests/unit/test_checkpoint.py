@@ -14,7 +14,8 @@ import pytest
 from apexrl.common import checkpoint as generic
 from apexrl.common.checkpoint import CorruptCheckpoint
 from apexrl.replay import checkpoint as replay_checkpoint
-from apexrl.replay.table import ALLOWED_DTYPES, ColumnSpec, Table
+from apexrl.replay.signature import ALLOWED_DTYPES, ColumnSpec
+from apexrl.replay.table import Table
 
 GENERIC_LOGGER = "apexrl.common.checkpoint"
 KIND = "learner"

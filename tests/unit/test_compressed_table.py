@@ -10,9 +10,10 @@ from apexrl.common import codec
 from apexrl.common.codec import Packed
 from apexrl.common.errors import InvalidArgument
 from apexrl.replay import checkpoint
-from apexrl.replay.server import parse_signature
+from apexrl.replay.signature import ColumnSpec, parse_signature
 from apexrl.replay.snapshot import CHUNK
-from apexrl.replay.table import PACKED_ITEM_OVERHEAD, ColumnSpec, Table
+from apexrl.replay.storage import PACKED_ITEM_OVERHEAD
+from apexrl.replay.table import Table
 from tests.unit.test_codec import frames
 
 SHAPE = (2, 4, 84, 84)

@@ -10,9 +10,12 @@ from scipy import stats
 from apexrl.common.errors import FailedPrecondition, InvalidArgument
 from apexrl.config import ReplayConfig, replay_table_configs
 from apexrl.replay import checkpoint as replay_checkpoint
-from apexrl.replay.samplers import QueueLimiter, check_composition, held_keys, uniform_slots
+from apexrl.replay.composition import check_composition
+from apexrl.replay.rate_limiters import QueueLimiter, RateLimiter
+from apexrl.replay.samplers import held_keys, uniform_slots
 from apexrl.replay.server import make_table
-from apexrl.replay.table import ColumnSpec, RateLimiter, Table
+from apexrl.replay.signature import ColumnSpec
+from apexrl.replay.table import Table
 
 SIGNATURE = [ColumnSpec("x", np.dtype(np.int64), ())]
 
@@ -74,13 +77,14 @@ COMPOSITIONS = [
 ]
 
 
-def make(capacity, sampler, remover, k, limiter, seed=0) -> Table:
+def make(capacity, sampler, remover, k, limiter, seed=0, alpha=0.6) -> Table:
     return Table(
         "t",
         capacity,
         sampler=sampler,
         remover=remover,
         max_times_sampled=k,
+        alpha=alpha,
         rate_limiter=QueueLimiter() if limiter == "queue" else RateLimiter(),
         signature=SIGNATURE,
         seed=seed,
@@ -214,8 +218,7 @@ def test_prioritized_distribution_and_exact_tree_after_distinct_batches():
     capacity, alpha = 20, 0.8
     p = np.random.default_rng(1).random(capacity) * 3
     p[[2, 9]] = 0.0
-    table = make(capacity, "prioritized", "fifo", 0, "ratio", seed=11)
-    table.alpha = alpha
+    table = make(capacity, "prioritized", "fifo", 0, "ratio", seed=11, alpha=alpha)
     table.insert(items(0, capacity), p)
     counts = np.zeros(capacity)
     for _ in range(1000):

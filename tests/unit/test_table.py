@@ -7,7 +7,10 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from apexrl.common.errors import FailedPrecondition, InvalidArgument
-from apexrl.replay.table import MAX_UPDATE_BATCH, ColumnSpec, RateLimiter, Table
+from apexrl.replay.priorities import MAX_UPDATE_BATCH
+from apexrl.replay.rate_limiters import RateLimiter
+from apexrl.replay.signature import ColumnSpec, parse_signature
+from apexrl.replay.table import Table
 
 SIGNATURE = [
     ColumnSpec("obs", np.dtype(np.uint8), (2, 3)),
@@ -436,8 +439,6 @@ def test_restore_rejects_mismatched_state():
 def test_bounded_column_refuses_values_outside_its_range_naming_it():
     """A signature can bound a column (an env's action range): a misconfigured actor's
     out-of-range or NaN actions are refused, naming the column, and nothing changes."""
-    from apexrl.replay.server import parse_signature
-
     spec = parse_signature("obs:float32:3,action:float32:1:-2..2")
     assert spec[1] == ColumnSpec("action", np.dtype("float32"), (1,), (-2.0, 2.0))
     assert ColumnSpec.from_json(spec[1].to_json()) == spec[1]  # as the checkpoint keeps it
