@@ -22,14 +22,16 @@ import torch
 
 
 @dataclass
-class Stream:
-    table: str
+class Dataset:
+    """What every dataset declares; `batches` yields the replay's sampled batches."""
+
+    table: str  # the table the learner samples and writes priorities to
     prioritized: bool = True  # write priorities back
     prefetch: bool = True  # sampled ahead of the update step in a thread of the learner's
     publish_every_update: bool = False
 
     def batches(self, replay, batch_size: int, beta: float, stop) -> Iterator:
-        return replay.sample_stream(batch_size, beta)
+        raise NotImplementedError
 
     def gather(self, item, version: int) -> tuple[tuple | None, int]:
         """(the batch to train on or None, items dropped)."""
@@ -37,7 +39,13 @@ class Stream:
 
 
 @dataclass
-class Queue(Stream):
+class Stream(Dataset):
+    def batches(self, replay, batch_size: int, beta: float, stop) -> Iterator:
+        return replay.sample_stream(batch_size, beta)
+
+
+@dataclass
+class Queue(Dataset):
     prioritized: bool = False
 
     def batches(self, replay, batch_size: int, beta: float, stop) -> Iterator:
@@ -81,9 +89,6 @@ class FreshQueue(Queue):
         columns = {k: torch.cat([c[k] for c, _, _ in parts]) for k in parts[0][0]}
         weights = torch.cat([w for _, w, _ in parts])
         return (columns, weights, np.concatenate([k for *_, k in parts])), dropped
-
-
-Dataset = Stream  # every dataset has Stream's fields and methods
 
 
 def exact_batches(replay, size: Callable[[], int], beta: float, stop) -> Iterator:
