@@ -133,9 +133,7 @@ def box_spec(low=(-1.0, 0.0, -3.0), high=(1.0, 2.0, 3.0), obs_dim=4):
 
 def agent_config(hidden="16,16", target_update_interval=2):
     settings = Settings(target_update_interval=target_update_interval)
-    return SimpleNamespace(
-        algorithm="dpg", env="Box-v0", hidden=hidden, gamma=0.99, algo=settings
-    )
+    return SimpleNamespace(algorithm="dpg", env="Box-v0", hidden=hidden, gamma=0.99, algo=settings)
 
 
 def learner_config():

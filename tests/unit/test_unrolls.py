@@ -6,8 +6,8 @@ import torch
 from scipy import stats
 
 from apexrl import algorithms
-from apexrl.algorithms.adders.unroll import UnrollAdder, step_targets
 from apexrl.algorithms.actor_critic import ActorCriticNetwork, ActorCriticPolicy
+from apexrl.algorithms.adders.unroll import UnrollAdder, step_targets
 from apexrl.config import LearnerConfig
 
 
