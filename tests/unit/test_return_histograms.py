@@ -12,7 +12,10 @@ from apexrl.evaluator.loop import EvaluatorMetrics
 @pytest.mark.parametrize(
     "make, name",
     [
-        (lambda r: ActorMetrics(r, "noise_scale", "help").episode_return, "apexrl_actor_episode_return"),
+        (
+            lambda r: ActorMetrics(r, "noise_scale", "help").episode_return,
+            "apexrl_actor_episode_return",
+        ),
         (lambda r: EvaluatorMetrics(r).returns, "apexrl_evaluation_return"),
     ],
 )
