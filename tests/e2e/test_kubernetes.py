@@ -567,7 +567,8 @@ def test_scaling_replay_shards_keeps_each_shards_items(deployment):
     min_size_to_sample. Removed, it checkpoints on SIGTERM and its volume stays; training goes
     on with shard 0. Added again, it restores every item it held from that volume."""
     dep = deployment
-    minimum = dep.settings["replay"]["min_size_to_sample"]
+    (table,) = [t for t in dep.settings["replay"]["tables"] if t["name"] == "default"]
+    minimum = table["min_size_to_sample"]
     seen: dict = {}
 
     def observe() -> dict[str, dict[str, float]]:

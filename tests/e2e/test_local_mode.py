@@ -122,8 +122,8 @@ def test_local_mode_solves_cartpole_on_policy(tmp_path, algorithm):
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1].startswith("solved in "), result.stdout[-2000:]
-    replay = tomllib.loads((run_dir / "config.toml").read_text())["replay"]
-    assert (replay["sampler"], replay["max_times_sampled"]) == ("fifo", 1)
+    (table,) = tomllib.loads((run_dir / "config.toml").read_text())["replay"]["tables"]
+    assert (table["sampler"], table["max_times_sampled"]) == ("fifo", 1)
     _, mean = play_unseen(run_dir)
     assert mean >= 0.95 * TARGET
 

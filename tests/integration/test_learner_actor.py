@@ -153,7 +153,7 @@ def test_ppo_asks_for_exactly_the_unrolls_its_batch_lacks(replay_factory):
     assert not stuck, "ppo waited for unrolls its batch did not need"
     assert learner.update_step == 1 and learner.samples_consumed == 8
     assert (info.samples, info.size) == (12, 0)
-    assert registry.get_sample_value("apexrl_learner_stale_unrolls_dropped_total") == 4
+    assert registry.get_sample_value("apexrl_learner_stale_items_dropped_total") == 4
 
 
 def test_impala_publishes_every_publish_interval_updates(replay_factory):
