@@ -150,6 +150,28 @@ TASKS = {
 }  # fmt: skip
 
 
+def check_apexrl_config(task: dict, config: Path) -> None:
+    """Exits naming the setting where local mode would refuse --apexrl-config for the task: a
+    setting in another table than its own (n_step in [learner], not [dqn]; the table's sizes in
+    [replay], not the algorithm's table), or a key no table has."""
+    from apexrl import algorithms, local
+    from apexrl import config as cfg
+
+    argv = ["--config", str(config), "--algorithm", task["algorithm"], "--env", task["env"]]
+    settings = local.parse(argv)
+    with tempfile.TemporaryDirectory(prefix="apexrl-tts-check-") as folder:
+        try:
+            run = local.Run(settings, tomllib.loads(config.read_text()), Path(folder))
+        except ValueError as err:
+            sys.exit(f"--apexrl-config {config}: {err}")
+        # The file local mode writes, as each service reads it (argparse exits naming the key).
+        services = {"replay": cfg.ReplayConfig, "learner": cfg.LearnerConfig,
+                    "actor": cfg.ActorConfig, "evaluator": cfg.EvaluatorConfig}  # fmt: skip
+        for section, service in services.items():
+            cfg.parse(service, ["--config", str(run.config_path)], section,
+                      f"apexrl {section} (--apexrl-config {config})", algorithms.REGISTRY)  # fmt: skip
+
+
 def run_apexrl(task: dict, seed: int, budget: float, workdir: Path, config: Path | None) -> dict:
     run_dir = workdir / f"apexrl-{task['env']}-{seed}"
     settings = ["--config", str(config)] if config else []  # --apexrl-config
@@ -477,12 +499,14 @@ def main() -> None:
     parser.add_argument(
         "--apexrl-config",
         type=Path,
-        help="a TOML of local-mode settings for apexrl ([learner] ...), over local mode's",
+        help="a TOML of local-mode settings for apexrl, over local mode's: a service's in its"
+        " table ([learner] ...), the algorithm's in its own ([dqn] n_step, [ppo] epochs, ...)",
     )
     args = parser.parse_args()
-    if args.apexrl_config:  # a file that is not TOML fails here, not in every run
-        tomllib.loads(args.apexrl_config.read_text())
+    if args.apexrl_config:  # a file local mode refuses fails here, not in every run
         args.apexrl_config = args.apexrl_config.resolve()
+        for name in args.task:
+            check_apexrl_config(TASKS[name], args.apexrl_config)
     summaries = []
     peers: dict[tuple, dict] = {}  # (SB3 algorithm, env, seed): one run serves every task with it
     for name in args.task:
