@@ -172,8 +172,12 @@ def _decoder(precision: str = "float32"):
     from apexrl.learner.training import Learner
 
     config = LearnerConfig(env="ALE/Pong-v5", device="cpu", batch_size=512, precision=precision)
-    metrics = LearnerMetrics(prometheus_client.CollectorRegistry())
-    return Learner(config, algorithms.make(config), metrics, ParameterStore())
+    builder = algorithms.make(config)
+    # The algorithm's figures as gauges, as the learner's server registers them.
+    metrics = LearnerMetrics(
+        prometheus_client.CollectorRegistry(), builder.figures, builder.loss_help
+    )
+    return Learner(config, builder, metrics, ParameterStore())
 
 
 def rates(batches: list[dict], writers: int, seconds: float, folder: Path, decode: bool) -> dict:

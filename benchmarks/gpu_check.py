@@ -60,8 +60,12 @@ def learner_for(env: str, device: torch.device, size: int, precision: str = "flo
     config = LearnerConfig(
         env=env, device=str(device), batch_size=size, threads=threads, precision=precision
     )
-    metrics = LearnerMetrics(prometheus_client.CollectorRegistry())
-    return Learner(config, algorithms.make(config), metrics, ParameterStore())
+    builder = algorithms.make(config)
+    # The algorithm's figures as gauges, as the learner's server registers them.
+    metrics = LearnerMetrics(
+        prometheus_client.CollectorRegistry(), builder.figures, builder.loss_help
+    )
+    return Learner(config, builder, metrics, ParameterStore())
 
 
 def rate(fn, seconds: float, sync) -> float:
