@@ -28,6 +28,10 @@ from atari import FRAME_SKIP, run_local_pong  # noqa: E402  (benchmarks/ is not 
 def apexrl_frames_per_s(seconds: float, folder: Path) -> dict:
     rows = run_local_pong(seconds, folder / "impala-pong", "--algorithm", "impala")
     rows = [r for r in rows if float(r["env_steps"]) > 0]
+    if len(rows) < 2:  # start-up (imports, ALE, the first parameters) took the whole budget
+        sys.exit(
+            f"apexrl local stepped in fewer than two progress rows in {seconds:g} s: raise --seconds"
+        )
     first, last = rows[0], rows[-1]
     steps = float(last["env_steps"]) - float(first["env_steps"])
     elapsed = float(last["seconds"]) - float(first["seconds"])
