@@ -35,7 +35,9 @@ class Items(Protocol):
     capacity: int
     inserts: int
     slot_keys: np.ndarray  # int64 [capacity]: the key in each slot, -1 = empty
-    tree: SumTree  # p^alpha of each slot
+
+    @property
+    def tree(self) -> SumTree: ...  # p^alpha of each slot
 
     @property
     def used(self) -> int: ...
