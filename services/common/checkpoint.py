@@ -71,7 +71,7 @@ log = logging.getLogger(__name__)
 MAGIC = b"APEXCKP1"
 FORMAT = "apexrl.checkpoint"
 VERSION = 1
-# The wire dtypes (apexrl.v1.DType; apexrl.replay.table.ALLOWED_DTYPES), by dtype.str.
+# The wire dtypes (apexrl.v1.DType; apexrl.replay.signature.ALLOWED_DTYPES), by dtype.str.
 DTYPES = frozenset(
     np.dtype(s)
     for s in ("<f2", "<f4", "<f8", "i1", "<i2", "<i4", "<i8", "u1", "<u2", "<u4", "<u8", "?")
