@@ -158,7 +158,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--nsteps", type=int, nargs="+", default=[1, 3])
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--reverb-python", default="/tmp/reverb-venv/bin/python")
+    parser.add_argument(
+        "--reverb-python", default=str(Path.home() / "reverb-venv" / "bin" / "python")
+    )
     args = parser.parse_args()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     if not Path(args.reverb_python).exists():
