@@ -52,7 +52,8 @@ def run_pong(tmp_path, *flags: str) -> tuple[dict, list[dict]]:
 
 def test_pong_runs_end_to_end_from_compressed_frames(tmp_path):
     config, rows = run_pong(tmp_path)
-    assert config["replay"]["signature"].startswith("observations:uint8:2x4x84x84:zstd,")
+    (table,) = config["replay"]["tables"]
+    assert table["signature"].startswith("observations:uint8:2x4x84x84:zstd,")
     last = rows[-1]
     assert float(last["replay_size"]) > 2_000  # past min_size_to_sample: the learner sampled
     # A Pong transition (obs + next_obs, 56,448 raw bytes) rests in well under 1 KB.
@@ -63,5 +64,6 @@ def test_pong_runs_end_to_end_with_impala(tmp_path):
     """IMPALA on the same pipeline: unrolls of 33 stacked frames through the queue table, the
     Nature-CNN actor-critic learning from them (a few updates a minute on this CPU)."""
     config, rows = run_pong(tmp_path, "--algorithm", "impala")
-    assert config["replay"]["signature"].startswith("observations:uint8:33x4x84x84,")
-    assert config["replay"]["rate_limiter"] == "queue"
+    (table,) = config["replay"]["tables"]
+    assert table["signature"].startswith("observations:uint8:33x4x84x84,")
+    assert table["rate_limiter"] == "queue"
