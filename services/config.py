@@ -37,6 +37,13 @@ class ProcessConfig:
     metrics_port: int = option(9100, "Prometheus /metrics HTTP port (0 picks a free one)")
     ready_file: str = option("", "once serving, write the bound ports as JSON here")
     log_level: str = option("INFO", "logging level: DEBUG, INFO, WARNING, ERROR")
+    metrics_tls_cert: str = option(
+        "", "PEM certificate chain for /metrics: serve it over TLS only (empty: plain HTTP)"
+    )
+    metrics_tls_key: str = option("", "PEM private key of --metrics-tls-cert")
+    metrics_client_ca: str = option(
+        "", "PEM CA bundle: /metrics requires scrapers' client certificates it signed"
+    )
 
 
 @dataclass
@@ -53,6 +60,22 @@ class ServeConfig(ProcessConfig):
     tls_client_ca: str = option(
         "", "PEM CA bundle: require client certificates it signed (mutual TLS)"
     )
+    authorization: list = field(
+        default_factory=list,
+        metadata={
+            "help": "config file only: a [[authorization]] array, one entry per role (role ="
+            " 'actor', methods = ['apexrl.v1.Replay/Insert', ...]): what each caller may call"
+            " under mutual TLS, its role read from its client certificate; absent: each role"
+            " what its own code calls (apexrl.common.authz.DEFAULT_POLICY)",
+            "file_only": True,
+        },
+    )
+
+    def __post_init__(self) -> None:
+        # Imported here: it brings grpc, which only the servers (this class) need.
+        from apexrl.common import authz
+
+        authz.parse_policy(self.authorization)  # an unknown role or method fails here
 
 
 @dataclass
@@ -207,6 +230,7 @@ class ReplayConfig(ServeConfig):
     )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.table_configs()  # a bad [[replay.tables]] array fails here, naming the table
 
     def table_configs(self) -> list[ReplayTableConfig]:

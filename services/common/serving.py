@@ -25,7 +25,9 @@ import prometheus_client
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from apexrl.common.authz import Authorizer
 from apexrl.common.errors import InvalidArgument, RequestError
+from apexrl.common.metrics_http import start_metrics_server
 from apexrl.config import ProcessConfig, ServeConfig
 
 log = logging.getLogger(__name__)
@@ -122,8 +124,9 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
     wrapping it anew on every RPC cost ~7% of a small call's throughput.
     """
 
-    def __init__(self, metrics: RpcMetrics):
+    def __init__(self, metrics: RpcMetrics, authorizer: Authorizer | None = None):
         self._metrics = metrics
+        self._authorizer = authorizer
         self._wrapped: dict[str, grpc.RpcMethodHandler] = {}  # by full method name
 
     async def intercept_service(self, continuation, handler_call_details):
@@ -132,21 +135,29 @@ class ServiceInterceptor(grpc.aio.ServerInterceptor):
             handler = await continuation(handler_call_details)
             if handler is None:  # unknown method: not cached, so junk names cannot pile up
                 return None
-            wrapped = _metered(handler_call_details.method, handler, self._metrics)
+            wrapped = _metered(
+                handler_call_details.method, handler, self._metrics, self._authorizer
+            )
             self._wrapped[handler_call_details.method] = wrapped
         return wrapped
 
 
 def _metered(
-    full_method: str, handler: grpc.RpcMethodHandler, metrics: RpcMetrics
+    full_method: str,
+    handler: grpc.RpcMethodHandler,
+    metrics: RpcMetrics,
+    authorizer: Authorizer | None = None,
 ) -> grpc.RpcMethodHandler:
-    """`handler` counted and timed in `metrics`, its RequestErrors turned into statuses."""
+    """`handler` counted and timed in `metrics`, its RequestErrors turned into statuses; with
+    an authorizer, a caller it refuses never reaches the handler."""
     service, _, method = full_method.lstrip("/").partition("/")
     labels = (_rpc_type(handler), service, method)
     started_counter = metrics.started.labels(*labels)
     finish = _Finisher(metrics, labels)
 
-    def checked(request):
+    def checked(request, context):
+        if authorizer is not None:
+            authorizer.check(context, full_method)
         return _checked(handler, request)
 
     async def abort_for(error: RequestError, context) -> None:
@@ -160,7 +171,7 @@ def _metered(
             started_counter.inc()
             started, error = time.perf_counter(), None
             try:
-                result = behavior(checked(request), context)
+                result = behavior(checked(request, context), context)
                 if inspect.isasyncgen(result):
                     async for response in result:
                         yield response
@@ -181,7 +192,7 @@ def _metered(
             started_counter.inc()
             started, error = time.perf_counter(), None
             try:
-                return await behavior(checked(request), context)
+                return await behavior(checked(request, context), context)
             except RequestError as err:
                 await abort_for(err, context)
             except BaseException as err:
@@ -286,8 +297,12 @@ async def serve(
     stop: asyncio.Event | None = None,
 ) -> None:
     """Runs until SIGTERM/SIGINT (or `stop` is set), then shuts down gracefully."""
+    # Only mutual TLS names the caller: there each call is checked against the policy.
+    authorizer = (
+        Authorizer.from_config(config.authorization, registry) if config.tls_client_ca else None
+    )
     server = grpc.aio.server(
-        interceptors=[ServiceInterceptor(RpcMetrics(registry))],
+        interceptors=[ServiceInterceptor(RpcMetrics(registry), authorizer)],
         options=message_options(config.max_message_mb) + SERVER_KEEPALIVE_OPTIONS,
     )
     names = service.register(server)
@@ -299,9 +314,7 @@ async def serve(
     port = add_port(server, config)
     if port == 0:
         raise OSError(f"cannot bind gRPC port {config.host}:{config.port}")
-    metrics_http, _ = prometheus_client.start_http_server(
-        config.metrics_port, addr=config.host, registry=registry
-    )
+    metrics_http, _ = start_metrics_server(config, registry)
     metrics_port = metrics_http.server_port
     await server.start()
     for name in ["", *names]:
@@ -389,9 +402,7 @@ def run_worker(
 
     `work(stop)` runs in the calling (main) thread and must return soon after `stop` is set.
     """
-    metrics_http, _ = prometheus_client.start_http_server(
-        config.metrics_port, addr=config.host, registry=registry
-    )
+    metrics_http, _ = start_metrics_server(config, registry)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
