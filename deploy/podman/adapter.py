@@ -10,8 +10,8 @@ OUT_DIR/<name>-<ordinal>.yaml (below), for
 stands in for a Service's cluster DNS name; `network_option()` writes the value). It changes
 only what podman cannot do or does differently:
 
-- Namespace, Service, NetworkPolicy, ServiceAccount: podman has no such objects; they are
-  left out (a Service's name becomes the `alias=` above, see `services()`).
+- Namespace, Service, NetworkPolicy, ServiceAccount, PodDisruptionBudget: podman has no such
+  objects; they are left out (a Service's name becomes the `alias=` above, see `services()`).
 - StatefulSet: podman 4.3 does not run one (alone in a file: "YAML document does not contain
   any supported kube kind"; beside other documents it is skipped without a word). Each
   ordinal becomes what the StatefulSet controller would make of it: a Pod named
@@ -52,7 +52,7 @@ from pathlib import Path
 
 import yaml
 
-IGNORED_KINDS = {"Namespace", "Service", "NetworkPolicy", "ServiceAccount"}
+IGNORED_KINDS = {"Namespace", "Service", "NetworkPolicy", "ServiceAccount", "PodDisruptionBudget"}
 WORKLOAD_KINDS = {"Deployment", "StatefulSet"}
 
 

@@ -47,9 +47,19 @@ WORKLOAD_KINDS = {"Deployment", "StatefulSet"}
 KIND = {name: "StatefulSet" if name == "replay" else "Deployment" for name in SERVICES}
 DNS_SCHEME = "dns:///"
 REPLAY_SHARDS = {"overlays/large": 4}  # the others: 1
-BUNDLES = ["k8s", "base", "overlays/cpu-only", "overlays/large", "overlays/dpg", "overlays/atari"]
-# Checked by tests/deploy/test_tls_overlay.py, with the generic checks here.
+# Every overlay folder, found on disk: one added is rendered, validated and its ConfigMap
+# parsed by every service here without being listed.
+OVERLAYS = sorted(
+    p.parent.relative_to(KUSTOMIZE).as_posix()
+    for p in KUSTOMIZE.glob("overlays/*/kustomization.yaml")
+)
+# Checked by tests/deploy/test_tls_overlay.py (its probes speak TCP), with the generic checks.
 OTHER_BUNDLES = ["overlays/mtls"]
+BUNDLES = ["k8s", "base"] + [o for o in OVERLAYS if o not in OTHER_BUNDLES]
+# Registered algorithms without an overlay yet: each is being added as its own overlay
+# folder (deploy/kustomize/overlays/<name>). Keep this list short; an algorithm leaves it
+# when its overlay lands.
+WITHOUT_OVERLAY_YET = {"r2d2", "nec", "unreal", "rainbow"}
 # Metrics the alerts may use besides apexrl's own (kubelet cAdvisor and kube-state-metrics).
 KUBERNETES_METRICS: set[str] = set()  # every alert reads apexrl's own metrics
 
@@ -255,12 +265,26 @@ def test_one_file_per_service_with_what_it_needs():
 
 
 def test_every_overlay_is_checked():
-    overlays = {p.parent.relative_to(KUSTOMIZE).as_posix()
-                for p in KUSTOMIZE.glob("overlays/*/kustomization.yaml")}  # fmt: skip
+    assert {"overlays/impala", "overlays/ppo", "overlays/dpg", "overlays/mtls"} <= set(OVERLAYS)
     checked = [b for b in BUNDLES + OTHER_BUNDLES if b.startswith("overlays/")]
-    assert sorted(checked) == sorted(overlays)
-    for overlay in overlays:
+    assert sorted(checked) == OVERLAYS
+    for overlay in OVERLAYS:
         assert bundle_docs(overlay), f"{overlay} renders nothing"
+
+
+def test_every_registered_algorithm_has_an_overlay():
+    """Each algorithm of the registry runs on Kubernetes from a ready overlay (the base runs
+    dqn), but for the few named in WITHOUT_OVERLAY_YET."""
+    deployed: dict[str, str] = {}
+    for bundle in ["base", *OVERLAYS]:
+        data = tomllib.loads(config_toml(bundle_docs(bundle)))
+        deployed.setdefault(data["algorithm"], bundle)
+    missing = set(algorithms.ALGORITHMS) - set(deployed) - WITHOUT_OVERLAY_YET
+    assert not missing, (
+        f"registered algorithms without an overlay: {sorted(missing)}; add "
+        "deploy/kustomize/overlays/<name> (an apexrl.toml with algorithm = <name>)"
+    )
+    assert len(WITHOUT_OVERLAY_YET) <= 4, "the list of algorithms without an overlay grows"
 
 
 # --- wiring --------------------------------------------------------------------------------
@@ -641,49 +665,87 @@ def test_large_overlay_config_differs_only_in_replay():
 
 # --- network policies ----------------------------------------------------------------------
 
-ANY_NAMESPACE = "*"
+MONITORING = "namespace monitoring"
+CLUSTER_DNS = "kube-system k8s-app=kube-dns"
 
 
-def allowed_flows(docs: list[dict]) -> set[tuple[str, str, str]]:
-    """(source, target, port name) the NetworkPolicies let in; source '*' is any namespace."""
+def policy_peers(peer: dict, pods: dict[str, dict], where: str) -> set[str]:
+    """The apexrl workloads a NetworkPolicy peer selects, or one name for what lies outside the
+    namespace: MONITORING (every pod of that namespace), CLUSTER_DNS."""
+    assert "ipBlock" not in peer, f"{where}: peers are selected by labels, never by address"
+    if "namespaceSelector" not in peer:
+        return {n for n, labels in pods.items() if selects(peer["podSelector"], labels)}
+    assert set(peer["namespaceSelector"]) == {"matchLabels"}, where
+    (namespace,) = peer["namespaceSelector"]["matchLabels"].items()
+    assert namespace[0] == "kubernetes.io/metadata.name", f"{where}: a namespace by its name"
+    if namespace[1] == "monitoring":
+        assert "podSelector" not in peer, where
+        return {MONITORING}
+    assert namespace[1] == "kube-system", where
+    assert peer["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}, where
+    return {CLUSTER_DNS}
+
+
+def allowed_flows(docs: list[dict], direction: str) -> set[tuple[str, str, str]]:
+    """(source, destination, port) that the NetworkPolicies let through in `direction`
+    ("Ingress" or "Egress"); a port is a container port's name, or PROTOCOL/number outside
+    the namespace."""
     pods = {name: pod_labels(d) for name, d in workloads(docs).items()}
     flows = set()
+    rules_key, peers_key = ("ingress", "from") if direction == "Ingress" else ("egress", "to")
     for policy in of_kind(docs, "NetworkPolicy"):
-        spec = policy["spec"]
-        assert spec["policyTypes"] == ["Ingress"], policy["metadata"]["name"]
-        targets = [n for n, labels in pods.items() if selects(spec["podSelector"], labels)]
-        for rule in spec.get("ingress", []):
-            sources = set()
-            for peer in rule["from"]:
-                assert "ipBlock" not in peer, policy["metadata"]["name"]
-                if "namespaceSelector" in peer:
-                    assert peer == {"namespaceSelector": {}}, policy["metadata"]["name"]
-                    sources.add(ANY_NAMESPACE)
-                else:
-                    sources |= {n for n, lab in pods.items() if selects(peer["podSelector"], lab)}
-            for target in targets:
-                names = {v: k for k, v in container_ports(workloads(docs)[target]).items()}
-                for port in rule["ports"]:
-                    assert port.get("protocol", "TCP") == "TCP"
-                    port_name = (
-                        port["port"] if isinstance(port["port"], str) else names[port["port"]]
-                    )
-                    assert port_name in names.values(), f"{target} has no port {port_name}"
-                    flows |= {(source, target, port_name) for source in sources}
+        spec, where = policy["spec"], policy["metadata"]["name"]
+        assert set(spec["policyTypes"]) <= {"Ingress", "Egress"}, where
+        assert set(spec) - {"podSelector", "policyTypes"} <= {
+            p.lower() for p in spec["policyTypes"]
+        }
+        if direction not in spec["policyTypes"]:
+            continue
+        selected = [n for n, labels in pods.items() if selects(spec["podSelector"], labels)]
+        for rule in spec.get(rules_key, []):
+            others = set().union(*(policy_peers(p, pods, where) for p in rule[peers_key]))
+            for port in rule["ports"]:
+                protocol = port.get("protocol", "TCP")
+                for mine in selected:
+                    for other in others:
+                        server = mine if direction == "Ingress" else other
+                        if server in pods:  # a named port of the pod that serves it
+                            names = container_ports(workloads(docs)[server])
+                            name = port["port"]
+                            if not isinstance(name, str):
+                                name = {v: k for k, v in names.items()}[name]
+                            assert protocol == "TCP" and name in names, f"{where}: {server} {name}"
+                        else:
+                            name = f"{protocol}/{port['port']}"
+                        pair = (other, mine) if direction == "Ingress" else (mine, other)
+                        flows.add((*pair, name))
     return flows
 
 
-def test_network_policies_allow_exactly_the_service_flows(bundle):
+APP_FLOWS = {
+    ("actor", "replay", "grpc"),
+    ("learner", "replay", "grpc"),
+    ("actor", "learner", "grpc"),
+    ("evaluator", "learner", "grpc"),
+}
+
+
+def test_network_policies_deny_by_default_both_ways(bundle):
     name, docs = bundle
-    deny = named(docs, "NetworkPolicy", "default-deny-ingress")["spec"]
-    assert deny == {"podSelector": {}, "policyTypes": ["Ingress"]}
-    expected = {
-        ("actor", "replay", "grpc"),
-        ("learner", "replay", "grpc"),
-        ("actor", "learner", "grpc"),
-        ("evaluator", "learner", "grpc"),
-    } | {(ANY_NAMESPACE, service, "metrics") for service in SERVICES}
-    assert allowed_flows(docs) == expected, name
+    deny = named(docs, "NetworkPolicy", "default-deny")["spec"]
+    assert deny == {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}, name
+
+
+def test_ingress_admits_the_service_flows_and_scrapes_from_monitoring_only(bundle):
+    name, docs = bundle
+    expected = APP_FLOWS | {(MONITORING, service, "metrics") for service in SERVICES}
+    assert allowed_flows(docs, "Ingress") == expected, name
+
+
+def test_egress_is_dns_and_the_service_flows_only(bundle):
+    name, docs = bundle
+    dns = {(s, CLUSTER_DNS, port) for s in SERVICES for port in ("UDP/53", "TCP/53")}
+    assert allowed_flows(docs, "Egress") == APP_FLOWS | dns, name
 
 
 # --- monitoring extras (Prometheus Operator, not applied by `kubectl apply -f deploy/k8s/`) -

@@ -10,9 +10,12 @@ holding the learner's settings, with throwaway certificates for the Service name
 import copy
 import dataclasses
 import datetime
+import http.client
 import inspect
 import os
 import socket
+import ssl
+import urllib.request
 from pathlib import Path, PurePosixPath
 
 import grpc
@@ -33,6 +36,9 @@ OVERLAY = "overlays/mtls"
 README = tm.KUSTOMIZE / OVERLAY / "README.md"
 SERVER_TLS = {"tls_cert", "tls_key", "tls_client_ca"}
 CLIENT_TLS = {"tls_ca", "tls_client_cert", "tls_client_key"}
+# Every pod serves /metrics over TLS with its own certificate (scrapers need no certificate:
+# the NetworkPolicies admit the monitoring namespace only).
+METRICS_TLS = {"metrics_tls_cert", "metrics_tls_key"}
 # The Secret key each setting must name (cert-manager's shape: tls.crt, tls.key, ca.crt).
 SECRET_KEY = {
     "tls_cert": "tls.crt",
@@ -41,6 +47,8 @@ SECRET_KEY = {
     "tls_ca": "ca.crt",
     "tls_client_cert": "tls.crt",
     "tls_client_key": "tls.key",
+    "metrics_tls_cert": "tls.crt",
+    "metrics_tls_key": "tls.key",
 }
 CLIENTS = {"learner", "actor", "evaluator"}
 
@@ -59,7 +67,9 @@ GENERIC = [
     tm.test_resources_have_requests_within_limits,
     tm.test_config_map_parses_for_every_service,
     tm.test_replay_tables_are_the_algorithms,
-    tm.test_network_policies_allow_exactly_the_service_flows,
+    tm.test_network_policies_deny_by_default_both_ways,
+    tm.test_ingress_admits_the_service_flows_and_scrapes_from_monitoring_only,
+    tm.test_egress_is_dns_and_the_service_flows_only,
 ]
 REPLACED = {
     "test_every_manifest_validates_strictly": "test_overlay_validates_strictly",
@@ -82,7 +92,9 @@ def tls_settings(docs, tmp_path, monkeypatch) -> dict[str, dict[str, str]]:
     settings = {}
     for name in tm.SERVICES:
         config = tm.effective_config(docs, name, tmp_path, monkeypatch)
-        fields = {f.name for f in dataclasses.fields(config)} & (SERVER_TLS | CLIENT_TLS)
+        fields = {f.name for f in dataclasses.fields(config)} & (
+            SERVER_TLS | CLIENT_TLS | METRICS_TLS
+        )
         settings[name] = {field: getattr(config, field) for field in fields}
     return settings
 
@@ -167,6 +179,9 @@ def test_no_grpc_probe_is_left_on_a_tls_port():
                 assert probe["tcpSocket"]["port"] in ("grpc", ports["grpc"]), f"{name} {kind}"
                 assert base_probe.pop("grpc")["port"] == ports["grpc"]
                 base_probe["tcpSocket"] = probe["tcpSocket"]
+            else:  # /metrics speaks TLS only: the kubelet's HTTPS probe skips verification
+                assert probe["httpGet"]["scheme"] == "HTTPS", f"{name} {kind}"
+                base_probe["httpGet"]["scheme"] = "HTTPS"
             assert probe == base_probe, f"{name} {kind}: only the mechanism changes"
 
 
@@ -179,6 +194,7 @@ def test_servers_require_and_clients_present_certificates(tmp_path, monkeypatch)
         expected = (SERVER_TLS if name in tm.GRPC_SERVERS else set()) | (
             CLIENT_TLS if name in CLIENTS else set()
         )
+        expected |= METRICS_TLS
         assert set(values) == expected, f"{name}: apexrl.config's TLS settings changed"
         unset = sorted(field for field, value in values.items() if not value)
         assert not unset, f"{name}: {unset} not set: a hop without (mutual) TLS"
@@ -290,7 +306,7 @@ def test_a_replay_serves_the_rendered_settings(tmp_path, monkeypatch):
     for key in [k for k in os.environ if k.startswith("APEXRL_")]:
         monkeypatch.delenv(key)
     replay_env = tm.container(workloads["replay"])["env"]
-    assert {e["name"] for e in replay_env} == {cfg.env_name(f) for f in SERVER_TLS}
+    assert {e["name"] for e in replay_env} == {cfg.env_name(f) for f in SERVER_TLS | METRICS_TLS}
     for env in replay_env:
         monkeypatch.setenv(env["name"], local(workloads["replay"], env["value"]))
     replay = start_service(tmp_path, "replay", "--min-size-to-sample", "1")
@@ -324,6 +340,15 @@ def test_a_replay_serves_the_rendered_settings(tmp_path, monkeypatch):
         with grpc.insecure_channel(address) as channel:
             with pytest.raises(grpc.RpcError):
                 replay_pb2_grpc.ReplayStub(channel).Info(replay_pb2.InfoRequest(), timeout=5)
+
+        # /metrics speaks TLS only, with the pod's certificate: a plaintext scrape gets nothing.
+        metrics_url = f"127.0.0.1:{replay.metrics_port}/metrics"
+        with pytest.raises((OSError, http.client.HTTPException)):
+            urllib.request.urlopen(f"http://{metrics_url}", timeout=5).read()
+        trusted = ssl.create_default_context(cafile=ca)
+        trusted.check_hostname = False  # scraped by pod address, as Prometheus does
+        with urllib.request.urlopen(f"https://{metrics_url}", timeout=5, context=trusted) as got:
+            assert b"apexrl_replay_size" in got.read()
 
         # The learner's own client, its replay setting as rendered (dns:///replay:50051, the
         # port here the test replay's) with the name resolving to it: it dials each address
