@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from apexrl.algorithms import frame_stacks
 from apexrl.algorithms.envs import EnvSpec
 from apexrl.common import codec
 
@@ -20,6 +21,9 @@ class Column:
     codec: str | None = None  # items travel and rest compressed (common/codec.py)
     # The transition fields stacked along axis 1 into this column (one compressed unit).
     parts: tuple[str, ...] = ()
+    # > 0: the field is a run of stacks of this many frames, stored once per step
+    # (frame_stacks.py) in this column, with where episodes start in the column `<name>_starts`.
+    stack: int = 0
 
     def spec(self) -> str:
         """As the replay's `signature` setting spells it: name:dtype:d0xd1[:low..high|:zstd]."""
@@ -65,12 +69,28 @@ def nstep_columns(spec: EnvSpec, action_dtype: np.dtype) -> list[Column]:
     return [pair, *rest]
 
 
+def stacked_columns(name: str, spec: EnvSpec, length: int) -> list[Column]:
+    """A run of `length` observations of `spec` as columns: [length, *obs] as they are, or for
+    stacked image frames ([K, H, W] uint8) their frames stored once per step and compressed as
+    one unit, [length + K - 1, H, W], with the episode starts [length] beside them (a Pong
+    unroll of 33 stacks: 36 frames in a few KB instead of 931 KB)."""
+    dtype, shape = np.dtype(spec.obs_dtype), spec.obs_shape
+    if not compressed_observations(spec) or len(shape) < 3:
+        return [Column(name, dtype, (length, *shape))]
+    frames = (length + shape[0] - 1, *shape[1:])
+    return [
+        Column(name, dtype, frames, codec="zstd", stack=shape[0]),
+        Column(f"{name}_starts", np.dtype(bool), (length,)),
+    ]
+
+
 def unroll_columns(
     spec: EnvSpec, length: int, algorithm: str = "the on-policy algorithms"
 ) -> list[Column]:
     """An unroll (adders/unroll.py): `length` consecutive steps of one env as one item, the time
     dimension first in every column. observations [length + 1, *obs] (the last is the
-    observation after the last step, for the bootstrap value), actions, rewards, discounts
+    observation after the last step, for the bootstrap value; stacked frames stored once per
+    step, stacked_columns), actions, rewards, discounts
     (gamma, 0 after a terminal; a truncated step's reward carries gamma * V(final obs)), the
     behaviour policy's log-probabilities [length], and the parameter version that acted [].
     Discrete actions (int64 indices) only."""
@@ -83,7 +103,7 @@ def unroll_columns(
         )
     f32 = np.dtype(np.float32)
     return [
-        Column("observations", np.dtype(spec.obs_dtype), (length + 1, *spec.obs_shape)),
+        *stacked_columns("observations", spec, length + 1),
         Column("actions", np.dtype(np.int64), (length,)),
         Column("rewards", f32, (length,)),
         Column("discounts", f32, (length,)),
@@ -93,18 +113,22 @@ def unroll_columns(
 
 
 def pack(transitions: dict[str, np.ndarray], columns: list[Column]) -> dict:
-    """Transition fields -> the columns replay stores (stacked parts compressed)."""
+    """Transition fields -> the columns replay stores (stacked parts compressed; runs of frame
+    stacks split into their frames, compressed, and their episode starts)."""
     out = dict(transitions)
     for column in columns:
         if column.parts:
             stacked = np.stack([out.pop(part) for part in column.parts], axis=1)
             out[column.name] = codec.compress(stacked, column.codec)
+        elif column.stack:
+            frames, out[f"{column.name}_starts"] = frame_stacks.split(out[column.name])
+            out[column.name] = codec.compress(frames, column.codec)
     return out
 
 
 def unpack(stored: dict, columns: list[Column]) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """Sampled columns -> transition fields, and ok [B]: False for items whose frames did not
-    decode (left zero; the caller drops them)."""
+    """Sampled columns -> transition fields (runs of frame stacks rebuilt), and ok [B]: False
+    for items whose frames did not decode (left zero; the caller drops them)."""
     out = dict(stored)
     n = len(next(iter(stored.values())))
     ok = np.ones(n, dtype=bool)
@@ -114,4 +138,9 @@ def unpack(stored: dict, columns: list[Column]) -> tuple[dict[str, np.ndarray], 
             ok &= decoded
             for i, part in enumerate(column.parts):
                 out[part] = items[:, i]
+        elif column.stack:
+            frames, decoded = codec.decompress(out[column.name])
+            ok &= decoded
+            starts = out.pop(f"{column.name}_starts")
+            out[column.name] = frame_stacks.rebuild(frames, starts, column.stack)
     return out, ok
