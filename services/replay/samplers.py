@@ -8,6 +8,9 @@ top (the fifo and lifo scan cursors), told of inserts and restores.
 
 - "prioritized": P(i) = p_i^alpha / sum p^alpha on the sum tree, stratified;
 - "uniform": every held item equally likely, P(i) = 1 / size;
+- "balanced": each draw a coin flip between the items marked by a priority >= 1 and the
+  others, then uniform within the class (UNREAL's reward-prediction skew: half the sequences
+  end in a reward whatever their share of the table);
 - "fifo": the oldest held items, oldest first; "lifo": the newest, newest first. fifo and lifo
   are not random: their probabilities are reported as 1 and their weights as 1, and their
   batches always hold distinct items.
@@ -38,6 +41,9 @@ class Items(Protocol):
 
     @property
     def tree(self) -> SumTree: ...  # p^alpha of each slot
+
+    @property
+    def priorities(self) -> np.ndarray: ...  # p of each slot (0: empty)
 
     @property
     def used(self) -> int: ...
@@ -102,6 +108,43 @@ class UniformSampler(Sampler):
         return slots, np.full(batch, 1.0 / size), np.ones(batch, dtype=np.float32)
 
 
+class BalancedSampler(Sampler):
+    """Two classes of items told apart by their priority, the inserter's mark: "marked" (p >= 1)
+    and the rest. Each item of a batch is marked with probability 1/2, then drawn uniformly
+    among its class's items (with replacement unless the batch holds distinct items, then the
+    class's shortfall comes from the other); all from one class while the other is empty.
+    P(i) = 1/2 / (its class's size), or 1 / size with one class; weights 1 (no correction, as
+    UNREAL has none for its skew)."""
+
+    name = "balanced"
+    MARK = 1.0
+
+    def select(self, table: Items, batch: int, beta: float) -> Selection:
+        used = table.used
+        held = table.slot_keys[:used] >= 0
+        marked_slots = np.flatnonzero(held & (table.priorities[:used] >= self.MARK))
+        other_slots = np.flatnonzero(held & (table.priorities[:used] < self.MARK))
+        classes = (marked_slots, other_slots)
+        if not len(marked_slots) or not len(other_slots):
+            slots = marked_slots if len(marked_slots) else other_slots
+            chosen = self.rng.choice(slots, batch, replace=not table.distinct)
+            return chosen, np.full(batch, 1.0 / len(slots)), np.ones(batch, dtype=np.float32)
+        marked = int(self.rng.binomial(batch, 0.5))
+        if table.distinct:  # a class short of its share: the rest from the other
+            marked = min(max(marked, batch - len(other_slots)), len(marked_slots))
+        counts = (marked, batch - marked)
+        chosen = [
+            self.rng.choice(slots, count, replace=not table.distinct)
+            for slots, count in zip(classes, counts, strict=True)
+        ]
+        probabilities = np.concatenate(
+            [np.full(count, 0.5 / len(slots)) for slots, count in zip(classes, counts, strict=True)]
+        )
+        order = self.rng.permutation(batch)
+        slots = np.concatenate(chosen)[order]
+        return slots, probabilities[order], np.ones(batch, dtype=np.float32)
+
+
 class FifoSampler(Sampler):
     """The oldest held items, oldest first."""
 
@@ -149,7 +192,7 @@ class LifoSampler(Sampler):
 # The sampler setting's values, each the sampler it names.
 SAMPLERS: dict[str, type[Sampler]] = {
     sampler.name: sampler
-    for sampler in (PrioritizedSampler, UniformSampler, FifoSampler, LifoSampler)
+    for sampler in (PrioritizedSampler, UniformSampler, BalancedSampler, FifoSampler, LifoSampler)
 }
 
 

@@ -70,6 +70,8 @@ COMPOSITIONS = [
     ("uniform", "fifo", 1, "ratio"),
     ("fifo", "fifo", 0, "ratio"),
     ("fifo", "fifo", 3, "ratio"),
+    ("balanced", "fifo", 0, "ratio"),
+    ("balanced", "fifo", 1, "ratio"),
     ("lifo", "fifo", 0, "ratio"),
     ("lifo", "fifo", 1, "ratio"),
     ("fifo", "none", 1, "queue"),
@@ -212,6 +214,38 @@ def test_uniform_without_replacement_includes_each_item_b_over_n():
     for _ in range(3000):
         np.add.at(full, uniform_slots(rng, np.arange(10), 10, 10, 4, distinct=True), 1)
     assert stats.chisquare(full).pvalue > 1e-3
+
+
+def marked_table() -> Table:
+    """1,000 items, 2% of them (every 50th key) marked by priority 1, the rest 0.001."""
+    table = make(1000, "balanced", "fifo", 0, "ratio", seed=5)
+    priorities = np.where(np.arange(1000) % 50 == 0, 1.001, 0.001)
+    table.insert(items(0, 1000), priorities)
+    return table
+
+
+def test_balanced_draws_half_its_items_from_the_two_percent_marked():
+    table = marked_table()
+    counts = np.zeros(1000)
+    for _ in range(300):
+        result = table.sample(32, 0.4)
+        marked = result.keys % 50 == 0
+        np.testing.assert_allclose(result.probabilities, np.where(marked, 0.5 / 20, 0.5 / 980))
+        np.add.at(counts, result.keys, 1)
+    draws = counts.sum()
+    split = [counts[::50].sum(), draws - counts[::50].sum()]
+    assert stats.chisquare(split, [draws / 2, draws / 2]).pvalue > 1e-3, split
+    assert stats.chisquare(counts[::50]).pvalue > 1e-3  # uniform within the marked class
+
+
+def test_balanced_takes_one_class_alone_and_fills_a_short_class_from_the_other():
+    table = make(10, "balanced", "fifo", 1, "ratio", seed=2)
+    table.insert(items(0, 10), np.full(10, 0.5))  # none marked
+    np.testing.assert_allclose(table.sample(4, 0.4).probabilities, 1 / 10)  # one class: 1/size
+    table = make(10, "balanced", "fifo", 1, "ratio", seed=2)
+    table.insert(items(0, 10), np.where(np.arange(10) < 2, 1.0, 0.0))
+    result = table.sample(10, 0.4)  # distinct: 2 marked and 8 others, whatever the coins
+    assert sorted(result.keys.tolist()) == list(range(10))
 
 
 def test_prioritized_distribution_and_exact_tree_after_distinct_batches():
