@@ -273,6 +273,7 @@ class Actor:
         self.columns = builder.columns()
         options = EnvOptions.of(config)
         self.envs, self.obs = make_vector_env(config.env, config.num_envs, seed % 2**31, options)
+        self.policy.episode_starts(np.ones(config.num_envs, bool))
         replay = connect(
             config.replay, table=self.adder.table, timeout=30.0, retry_seconds=1.0, tls=config
         )
@@ -352,6 +353,8 @@ class Actor:
                     next_obs, final_obs, self.version)  # fmt: skip
         items = self.adder.add(step)
         self.obs = next_obs
+        if done.any():  # SAME_STEP autoreset: next_obs begins their new episodes
+            self.policy.episode_starts(done)
         self.count(rewards, done)
         if items is not None:
             self.pending.append(items)

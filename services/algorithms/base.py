@@ -79,6 +79,15 @@ class Policy(ABC):
         log-probabilities, values, recurrent state); by default act() and nothing more."""
         return self.act(obs, exploration, rng), {}
 
+    def episode_starts(self, starts: np.ndarray) -> None:  # noqa: B027 (stateless: nothing)
+        """Which envs (bool [num_envs], one per env the caller acts in) begin an episode at
+        their next observation: a recurrent policy resets their state. Called with all True
+        before the first act or step; a new length is a new set of envs."""
+
+    def keep_envs(self, envs: np.ndarray) -> None:  # noqa: B027 (stateless: nothing)
+        """Only the envs at these indices act from now on, in this order (the others' episodes
+        ended and are not restarted: an evaluation's)."""
+
     @abstractmethod
     def priorities(self, items: dict[str, np.ndarray]) -> np.ndarray:
         """Initial priorities [B] of items the adder made, before the priority epsilon (Ape-X:

@@ -69,6 +69,24 @@ def reward_threshold(env_id: str) -> float | None:
     return None if is_atari(env_id) else gym.spec(env_id).reward_threshold
 
 
+# A partially observed task: CartPole-v1 showing the cart's position and the pole's angle only.
+# Without the velocities one observation cannot tell which way the pole swings; a policy that
+# remembers the last ones can (a recurrent one). Same rewards, time limit and threshold (475).
+MASKED_CARTPOLE = "apexrl/CartPoleNoVelocity-v1"
+
+
+def _masked_cartpole(**kwargs) -> gym.Env:
+    env = gym.make("CartPole-v1", **kwargs)
+    seen = [0, 2]
+    space = gym.spaces.Box(
+        env.observation_space.low[seen], env.observation_space.high[seen], dtype=np.float32
+    )
+    return gym.wrappers.TransformObservation(env, lambda obs: obs[seen], space)
+
+
+gym.register(MASKED_CARTPOLE, entry_point=_masked_cartpole, reward_threshold=475.0)
+
+
 @dataclass(frozen=True)
 class EnvSpec:
     """What an algorithm needs to know of an env: its spaces."""

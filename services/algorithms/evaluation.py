@@ -27,6 +27,7 @@ def evaluate(
         obs = [env.reset(seed=seed + k)[0] for k, env in enumerate(envs)]
         returns = np.zeros(episodes)
         running = list(range(episodes))
+        policy.episode_starts(np.ones(episodes, bool))
         while running:
             actions = policy.act(np.stack([obs[k] for k in running]), exploration, rng)
             still = []
@@ -35,6 +36,8 @@ def evaluate(
                 returns[k] += reward
                 if not (terminated or truncated):
                     still.append(k)
+            if len(still) < len(running):
+                policy.keep_envs(np.flatnonzero(np.isin(running, still)))
             running = still
         return returns
     finally:

@@ -1,0 +1,169 @@
+"""R2D2's pure parts on hand values (h and its inverse, the priority mix, n-step targets at
+episode ends, burn-in), its policy's state per env, and a learner that must remember a cue."""
+
+import numpy as np
+import pytest
+import torch
+
+from apexrl import algorithms
+from apexrl.algorithms.envs import MASKED_CARTPOLE, make_env
+from apexrl.algorithms.evaluation import evaluate
+from apexrl.algorithms.networks import MLPTorso
+from apexrl.algorithms.r2d2.losses import (
+    nstep_returns,
+    priority_mix,
+    rescale,
+    unrescale,
+    unroll_with_burn_in,
+)
+from apexrl.algorithms.r2d2.networks import RecurrentQNetwork
+from apexrl.config import LearnerConfig
+
+
+def test_value_rescaling_by_hand_and_round_trip():
+    x = torch.tensor([0.0, 3.0, -8.0], dtype=torch.float64)
+    np.testing.assert_allclose(rescale(x), [0.0, 1.003, -2.008])  # sqrt(4)-1+.003, -(3-1)-.008
+    np.testing.assert_allclose(unrescale(torch.tensor([1.003, -2.008], dtype=torch.float64)),
+                               [3.0, -8.0], rtol=1e-9)  # fmt: skip
+    values = torch.linspace(-5000, 5000, 10_001, dtype=torch.float64)
+    np.testing.assert_allclose(unrescale(rescale(values)), values, rtol=1e-9, atol=1e-9)
+
+
+def test_priority_mix_of_hand_td_errors():
+    td = torch.tensor([[1.0, -3.0, 2.0, 100.0], [0.5, 0.0, 0.0, 0.0], [7.0, 7.0, 7.0, 7.0]])
+    mask = torch.tensor([[1.0, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
+    # 0.9 * max + 0.1 * mean over the masked steps; a sequence without any gets 0.
+    np.testing.assert_allclose(priority_mix(td, mask, 0.9), [0.9 * 3 + 0.1 * 2, 0.5, 0.0])
+
+
+def test_nstep_targets_bootstrap_at_the_sequence_end_and_stop_at_a_terminal():
+    rewards = torch.tensor([[1.0, 2, 3, 4], [1.0, 2, 0, 0], [1.0, 2, 0, 0]])
+    discounts = torch.tensor([[0.5, 0.5, 0.5, 0.5], [0.5, 0, 0, 0], [0.5, 0.5, 0, 0]])
+    values = torch.tensor([[0.0, 10, 20, 30, 40], [0.0, 10, 20, 0, 0], [0.0, 10, 20, 0, 0]])
+    real = torch.tensor([4, 2, 2])
+    out = nstep_returns(rewards, discounts, values, real, n=2)
+    # Full: step 3 has one step left, so it bootstraps from values[4].
+    np.testing.assert_allclose(out[0], [1 + 0.5 * 2 + 0.25 * 20, 2 + 1.5 + 0.25 * 30,
+                                        3 + 2 + 0.25 * 40, 4 + 0.5 * 40])  # fmt: skip
+    # Terminal at step 1: its discount 0 cuts the bootstrap from the final observation.
+    np.testing.assert_allclose(out[1, :2], [1 + 0.5 * 2, 2])
+    # Truncated at step 1 (discount gamma): the final observation's value bootstraps.
+    np.testing.assert_allclose(out[2, :2], [1 + 0.5 * 2 + 0.25 * 20, 2 + 0.5 * 20])
+
+
+def network(obs_dim=2, actions=2, lstm=8):
+    torch.manual_seed(0)
+    return RecurrentQNetwork(MLPTorso(obs_dim, (8,)), actions, lstm)
+
+
+def test_burn_in_hands_over_the_unrolled_state_and_passes_no_gradient():
+    net = network()
+    obs = torch.randn(3, 7, 2, requires_grad=True)
+    state = torch.randn(3, net.state_size)
+    q = unroll_with_burn_in(net, obs, state, burn_in=3)
+    with torch.no_grad():
+        _, warmed = net.unroll(obs[:, :3], state)
+        expected, _ = net.unroll(obs[:, 3:], warmed)
+    torch.testing.assert_close(q, expected)
+    q.sum().backward()
+    assert (obs.grad[:, :3] == 0).all() and (obs.grad[:, 3:] != 0).any()
+
+
+def test_the_policy_keeps_a_state_per_env_and_restarts_it_with_an_episode():
+    config = LearnerConfig(algorithm="r2d2", env=MASKED_CARTPOLE, hidden="8",
+                           algo=algorithms.get("r2d2").Settings(lstm_size=4))  # fmt: skip
+    policy = algorithms.make(config).policy()
+    rng = np.random.default_rng(0)
+    obs = np.ones((3, 2), np.float32)
+    policy.episode_starts(np.ones(3, bool))
+    _, first = policy.step(obs, 0.0, rng)
+    np.testing.assert_array_equal(first["state"], 0)
+    _, second = policy.step(obs, 0.0, rng)
+    assert (second["state"] != 0).any(axis=1).all()  # carried from the first step
+    policy.episode_starts(np.array([False, True, False]))
+    _, third = policy.step(obs, 0.0, rng)
+    np.testing.assert_array_equal(third["state"][1], 0)
+    assert (third["state"][[0, 2]] != 0).any(axis=1).all()
+    policy.keep_envs(np.array([2]))
+    _, fourth = policy.step(obs[:1], 0.0, rng)
+    assert fourth["state"].shape == (1, 8)
+    np.testing.assert_array_equal(fourth["exploration"], [0.0])
+    returns = evaluate(policy, MASKED_CARTPOLE, 3, seed=5)  # episodes that end apart
+    assert len(returns) == 3 and (returns >= 1).all()
+
+
+def test_the_masked_cartpole_shows_position_and_angle_only():
+    full, masked = make_env("CartPole-v1"), make_env(MASKED_CARTPOLE)
+    seen, _ = masked.reset(seed=3)
+    everything, _ = full.reset(seed=3)
+    np.testing.assert_array_equal(seen, everything[[0, 2]])
+    assert masked.observation_space.shape == (2,)
+    step_seen = masked.step(1)[0]
+    np.testing.assert_array_equal(step_seen, full.step(1)[0][[0, 2]])
+
+
+def cue_batch(rng, batch=64, length=6, burn_in=2):
+    """Sequences whose reward, at every step, is 1 for the action matching a cue shown only at
+    the first step (inside the burn-in) and 0 otherwise; discounts 0 (each step is a bandit).
+    Half the sequences end after 4 real steps, their padding carrying rewards of 50."""
+    cue = rng.integers(2, size=batch)
+    obs = np.zeros((batch, length + 1, 2), np.float32)
+    obs[:, :, 1] = 1.0
+    obs[:, 0, 0] = np.where(cue == 1, 1.0, -1.0)
+    actions = rng.integers(2, size=(batch, length))
+    rewards = (actions == cue[:, None]).astype(np.float32)
+    mask = np.ones((batch, length), np.float32)
+    short = np.arange(batch) % 2 == 0
+    mask[short, 4:], rewards[short, 4:] = 0.0, 50.0
+    columns = {"observations": obs, "actions": actions, "rewards": rewards,
+               "discounts": np.zeros((batch, length), np.float32), "mask": mask,
+               "state": np.zeros((batch, 16), np.float32)}  # fmt: skip
+    return {k: torch.from_numpy(v) for k, v in columns.items()}, cue
+
+
+@pytest.fixture
+def one_thread():
+    """Tensors this small gain nothing from threads, which on a busy machine wait on each other
+    (20 ms an update on one thread, 500 ms on two under a load of 17)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_the_learner_learns_what_the_burned_in_state_remembers(one_thread):
+    """Fails when the loss's sign flips, when the burn-in hands over no state (the cue is then
+    unknown), or when padding is learned from (its rewards of 50 pull every Q-value up)."""
+    settings = algorithms.get("r2d2").Settings(
+        sequence_length=6, sequence_period=3, burn_in=2, n_step=1, lstm_size=8,
+        target_update_interval=1,
+    )  # fmt: skip
+    config = LearnerConfig(algorithm="r2d2", env=MASKED_CARTPOLE, hidden="16", algo=settings,
+                           learning_rate=1e-2)  # fmt: skip
+    torch.manual_seed(0)
+    learning = algorithms.make(config).learning(config, torch.device("cpu"))
+    rng = np.random.default_rng(0)
+    for step in range(1, 301):
+        batch, _ = cue_batch(rng)
+        priorities, figures = learning.update(batch, torch.ones(64), step)
+    assert priorities.shape == (64,) and np.isfinite(figures["loss"])
+    batch, cue = cue_batch(rng)
+    with torch.no_grad():
+        q = unroll_with_burn_in(learning.online, batch["observations"], batch["state"], 2)[:, :4]
+    matching = q.gather(2, torch.from_numpy(cue).view(-1, 1, 1).expand(-1, 4, 1)).squeeze(2)
+    other = q.gather(2, torch.from_numpy(1 - cue).view(-1, 1, 1).expand(-1, 4, 1)).squeeze(2)
+    np.testing.assert_allclose(matching.mean(), rescale(torch.tensor(1.0)), atol=0.1)
+    np.testing.assert_allclose(other.mean(), 0.0, atol=0.1)
+    assert (matching > other).float().mean() > 0.95
+
+
+@pytest.mark.parametrize(
+    ("settings", "setting"),
+    [({"burn_in": 80}, "burn_in"), ({"sequence_period": 81}, "sequence_period"),
+     ({"n_step": 0}, "n_step"), ({"priority_eta": 1.5}, "priority_eta")],
+)  # fmt: skip
+def test_the_builder_refuses_bad_settings_naming_them(settings, setting):
+    config = LearnerConfig(algorithm="r2d2", env="CartPole-v1",
+                           algo=algorithms.get("r2d2").Settings(**settings))  # fmt: skip
+    with pytest.raises(ValueError, match=f"^{setting}: "):
+        algorithms.make(config)
