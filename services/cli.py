@@ -3,16 +3,17 @@
 Local mode, containers and Kubernetes all start the services through these commands.
 """
 
-import asyncio
 import dataclasses
 import functools
 import sys
 
 from apexrl import config as cfg
-from apexrl.common.serving import configure_logging, new_registry, run_worker, serve
 
 
 def _setup(cls, argv: list[str], section: str):
+    # Imported here: grpc costs `apexrl local`, `eval` and `plot` start-up time they never use.
+    from apexrl.common.serving import configure_logging, new_registry
+
     registry = None
     if any(f.name == "algorithm" for f in dataclasses.fields(cls)):
         from apexrl import algorithms  # torch-free; the replay never imports it
@@ -30,6 +31,10 @@ def _refuse(section: str, err: ValueError) -> None:
 
 
 def _serve(config, build, section: str, registry) -> None:
+    import asyncio
+
+    from apexrl.common.serving import serve
+
     try:
         service, _ = build(config, registry)
         asyncio.run(serve(config, service, registry))
@@ -38,6 +43,8 @@ def _serve(config, build, section: str, registry) -> None:
 
 
 def _work(config, run, section: str, registry) -> None:
+    from apexrl.common.serving import run_worker
+
     try:
         run_worker(config, registry, lambda stop: run(config, registry, stop))
     except ValueError as err:  # a setting that can never work, or that the learner's refutes
@@ -51,11 +58,30 @@ def replay(argv: list[str]) -> None:
     _serve(config, server.build, "replay", registry)
 
 
+def _tensorboard(config, registry, section: str, prefix: str, step: str):
+    """The service's metrics as TensorBoard scalars when --tensorboard is set (else None)."""
+    if not config.tensorboard:
+        return None
+    from apexrl.common.tensorboard import RegistryScalars
+
+    try:
+        return RegistryScalars(registry, config.tensorboard, prefix, step, section).start()
+    except ValueError as err:  # no writer installed, or a folder that cannot be written
+        _refuse(section, err)
+
+
 def learner(argv: list[str]) -> None:
     from apexrl.learner import server
 
     config, registry = _setup(cfg.LearnerConfig, argv, "learner")
-    _serve(config, server.build, "learner", registry)
+    scalars = _tensorboard(
+        config, registry, "learner", "apexrl_learner_", "apexrl_learner_update_step"
+    )
+    try:
+        _serve(config, server.build, "learner", registry)
+    finally:
+        if scalars is not None:
+            scalars.close()
 
 
 def actor(argv: list[str]) -> None:
@@ -74,7 +100,14 @@ def evaluator(argv: list[str]) -> None:
 
     config, registry = _setup(cfg.EvaluatorConfig, argv, "evaluator")
     metrics = loop.EvaluatorMetrics(registry)
-    _work(config, functools.partial(loop.run, metrics=metrics), "evaluator", registry)
+    scalars = _tensorboard(
+        config, registry, "evaluation", "apexrl_evaluation_", "apexrl_evaluation_parameter_version"
+    )
+    try:
+        _work(config, functools.partial(loop.run, metrics=metrics), "evaluator", registry)
+    finally:
+        if scalars is not None:
+            scalars.close()
 
 
 def local(argv: list[str]) -> None:
@@ -89,6 +122,12 @@ def evaluate(argv: list[str]) -> None:
     sys.exit(play.main(argv))
 
 
+def plot(argv: list[str]) -> None:
+    from apexrl import plot as plotting
+
+    sys.exit(plotting.main(argv))
+
+
 COMMANDS = {
     "local": (local, "run replay, learner, actors and evaluator as processes on loopback"),
     "replay": (replay, "prioritized experience replay server"),
@@ -96,6 +135,7 @@ COMMANDS = {
     "actor": (actor, "acts in gymnasium envs, inserts the algorithm's items into replay"),
     "evaluator": (evaluator, "plays the newest parameters greedily, reports returns"),
     "eval": (evaluate, "plays a learner checkpoint greedily and prints the returns"),
+    "plot": (plot, "overlays local-mode runs' learning curves in one PNG"),
 }
 
 

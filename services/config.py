@@ -288,6 +288,11 @@ class LearnerConfig(AgentConfig, ClientTLSConfig, ServeConfig):
         " device computes it natively (CUDA with bf16, CPUs with AVX-512 BF16 or AMX), float32"
         " elsewhere",
     )
+    tensorboard: str = option(
+        "",
+        "also write the learner's gauges and counters as TensorBoard scalars (step: the update"
+        " step) to this folder (empty: none; needs the tensorboard extra)",
+    )
 
 
 @dataclass
@@ -342,6 +347,17 @@ class EvaluatorConfig(AgentConfig, ClientTLSConfig, ProcessConfig):
         " training, evaluation then takes only the CPU that training leaves idle",
     )
     threads: int = option(1, "torch CPU threads")
+    tensorboard: str = option(
+        "",
+        "also write the evaluator's gauges and counters as TensorBoard scalars (step: the"
+        " parameter version played) to this folder (empty: none; needs the tensorboard extra)",
+    )
+    video_every: int = option(
+        0,
+        "record one episode of the 1st, (K+1)-th, (2K+1)-th, ... new best model as mp4 in"
+        " video_dir (its first evaluation episode, same seed; 0: none; needs the video extra)",
+    )
+    video_dir: str = option("videos", "folder of the video_every recordings")
 
 
 @dataclass
@@ -366,6 +382,17 @@ class LocalConfig(AgentConfig):
         " default): the env's threshold (gymnasium's reward_threshold, or local.TARGETS)",
     )
     progress_interval: float = option(0.5, "seconds between progress updates and metrics CSV rows")
+    video_every: int = option(
+        0,
+        "the evaluator records one episode of the 1st, (K+1)-th, ... new best model as mp4 in"
+        " RUN_DIR/videos (0: none; needs the video extra)",
+    )
+    tensorboard: str = option(
+        "",
+        "also write metrics.csv's columns as TensorBoard scalars (step: env steps) to"
+        " DIR/<run folder name>, so `tensorboard --logdir DIR` overlays runs (needs the"
+        " tensorboard extra)",
+    )
     log_level: str = option("INFO", "logging level of the services (their logs go to RUN_DIR/logs)")
 
 
@@ -386,3 +413,8 @@ class EvalConfig:
         " seed, so the default plays episodes it never saw",
     )
     epsilon: float = option(0.0, "exploration (0: greedy)")
+    video: str = option(
+        "",
+        "record each episode as mp4 in this folder, named by env, version, seed and return"
+        " (played one at a time; needs the video extra)",
+    )

@@ -28,7 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from apexrl import config as cfg
 from apexrl import plot
-from apexrl.algorithms.envs import is_atari, reward_threshold
+from apexrl.algorithms.envs import EnvOptions, is_atari, reward_threshold
+from apexrl.common.tensorboard import Scalars
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,11 @@ TARGETS = {"Pendulum-v1": -200.0}
 
 # A table's settings: local mode takes the tables from the algorithm's builder.
 TABLE_SETTINGS = {f.name for f in dataclasses.fields(cfg.ReplayTableConfig)} | {"table", "tables"}
+
+
+def default_target(env_id: str) -> float | None:
+    """The best model's score that counts as solved on `env_id` when none is given."""
+    return TARGETS.get(env_id, reward_threshold(env_id))
 
 
 def parse(argv: list[str]) -> cfg.LocalConfig:
@@ -145,7 +151,11 @@ class Child:
     ready_file: Path
 
     def metrics(self) -> dict[str, float]:
-        """Sum of every sample of every metric, by sample name."""
+        """Sum of every sample of every metric, by sample name (none before it is ready)."""
+        if not self.ports:
+            if not self.ready_file.exists():
+                return {}
+            self.ports = json.loads(self.ready_file.read_text())
         url = f"http://127.0.0.1:{self.ports['metrics_port']}/metrics"
         with urllib.request.urlopen(url, timeout=2) as response:
             text = response.read().decode()
@@ -189,6 +199,14 @@ class Run:
                 f" (`apexrl local --algorithm {builder.name} --help`)"
             )
         settings["replay"]["tables"] = replay_tables(config, config.replay_shards)
+        if config.video_every < 0:
+            raise ValueError(f"video_every: must be >= 0 (0: no videos), got {config.video_every}")
+        if config.video_every:
+            from apexrl.algorithms import video
+
+            video.prepare(config.env, EnvOptions.of(config), str(run_dir / "videos"))
+            settings["evaluator"]["video_every"] = config.video_every
+            settings["evaluator"]["video_dir"] = str(run_dir / "videos")
         settings["learner"].setdefault("checkpoint_dir", str(run_dir / "checkpoints"))
         self.checkpoint_dir = Path(settings["learner"]["checkpoint_dir"])
         self.config_path = run_dir / "config.toml"
@@ -221,9 +239,14 @@ class Run:
             child.ports = json.loads(child.ready_file.read_text())
 
     launched = 0.0  # unix time start_all began
+    learner_address = ""
+    evaluator: Child | None = None
 
     def start_all(self) -> None:
-        """Starts every service at once (imports dominate start-up), then waits until all serve.
+        """Starts the replay, the learner and the actors at once (imports dominate start-up),
+        then waits until all serve. The evaluator comes later (start_evaluator), once an
+        actor has stepped: on two cores its imports (torch) would otherwise compete with those
+        on the way to the first env step, and it has nothing to play before that.
 
         The gRPC ports are picked here, not by the children (port 0), so that no child has to
         wait for another's ready file before it can be told where its peers are.
@@ -232,7 +255,7 @@ class Run:
         shards = self.config.replay_shards
         ports = [free_port() for _ in range(shards)]
         replay_address = ",".join(f"127.0.0.1:{port}" for port in ports)
-        learner_address = f"127.0.0.1:{free_port()}"
+        self.learner_address = learner_address = f"127.0.0.1:{free_port()}"
         for shard, port in enumerate(ports):
             name = "replay" if shards == 1 else f"replay-{shard}"
             self.launch(name, "replay", "--port", str(port), *self.shard_flags(shard))
@@ -248,8 +271,11 @@ class Run:
             self.launch(
                 f"actor-{i}", "actor", "--replay", replay_address, "--learner", learner_address
             )
-        self.launch("evaluator", "evaluator", "--learner", learner_address)
         self.wait_ready(self.children)
+
+    def start_evaluator(self) -> None:
+        """Launches the evaluator without waiting for it (its metrics count once it is ready)."""
+        self.evaluator = self.launch("evaluator", "evaluator", "--learner", self.learner_address)
 
     def shard_flags(self, shard: int) -> list[str]:
         """A shard's id (its tables' sizes are each shard's share already)."""
@@ -302,12 +328,15 @@ def main(argv: list[str]) -> int:
             user_file = tomllib.load(fh)
     target = config.target_return
     if math.isnan(target):
-        target = TARGETS.get(config.env, reward_threshold(config.env))
+        target = default_target(config.env)
     if target is None:
         sys.exit(f"apexrl local: {config.env} has no reward_threshold: pass --target-return")
     run_dir = Path(config.run_dir or f"runs/{config.env}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         run = Run(config, user_file, run_dir)
+        scalars = (
+            Scalars(str(Path(config.tensorboard) / run_dir.name)) if config.tensorboard else None
+        )
     except ValueError as err:  # settings that can never work: say which, before any process
         print(f"apexrl local: error: {err}", file=sys.stderr)
         return 2
@@ -325,7 +354,7 @@ def main(argv: list[str]) -> int:
         print(
             f"apexrl local: {config.env}, {config.actors} actors, run folder {run_dir}", flush=True
         )
-        outcome, code = _monitor(run, config, target, rows, stop, started)
+        outcome, code = _monitor(run, config, target, rows, stop, started, scalars)
     except RuntimeError as err:
         outcome = f"not solved: {err}"
     finally:
@@ -333,6 +362,8 @@ def main(argv: list[str]) -> int:
             outcome, code = "not solved: interrupted", 130
         run.stop_all()
         _write_outputs(run_dir, rows, target)
+        if scalars is not None:
+            scalars.close()
     if code == 0:
         outcome += "; " + _best_model(run.checkpoint_dir)
     print(("\n" if sys.stdout.isatty() else "") + outcome, flush=True)
@@ -340,7 +371,7 @@ def main(argv: list[str]) -> int:
 
 
 def _monitor(
-    run: Run, config: cfg.LocalConfig, target: float, rows: list[dict], stop, started
+    run: Run, config: cfg.LocalConfig, target: float, rows: list[dict], stop, started, scalars
 ) -> tuple[str, int]:
     tty = sys.stdout.isatty()
     last_print = 0.0
@@ -356,9 +387,13 @@ def _monitor(
                     1,
                 )
             row = _collect(run, time.monotonic() - started, previous)
+            if run.evaluator is None and not math.isnan(row["startup_seconds"]):
+                run.start_evaluator()
             rows.append(row)
             writer.writerow(row)
             fh.flush()
+            if scalars is not None:
+                scalars.add(row, int(row["env_steps"]))
             previous = row
             if tty or row["seconds"] - last_print >= 5:
                 line = (f"{row['seconds']:6.1f} s  env steps {_format_count(row['env_steps'])} "

@@ -29,25 +29,31 @@ def main(argv: list[str]) -> int:
     from apexrl.algorithms.base import prefixed
     from apexrl.algorithms.envs import EnvOptions
     from apexrl.algorithms.evaluation import evaluate
-    from apexrl.common import checkpoint
-    from apexrl.learner.best import KIND as BEST
 
     config = cfg.parse(cfg.EvalConfig, argv, "eval", "apexrl eval")
-    path = Path(config.checkpoint)
-    if path.is_dir():
-        kinds = ["learner"] if config.latest else [BEST, "learner"]
-        found = next(filter(None, (checkpoint.load_newest(path, k) for k in kinds)), None)
-        if found is None:
-            sys.exit(f"apexrl eval: no valid checkpoint ({' or '.join(kinds)}) in {path}")
-        path, meta, arrays = found
-    else:
-        kind = BEST if path.name.startswith(f"{BEST}-") else "learner"
-        meta, arrays = checkpoint.read_checkpoint(path, kind)
+    if config.episodes < 1:
+        return _refuse(f"episodes: must be >= 1, got {config.episodes}")
+    path, meta, arrays = _checkpoint(Path(config.checkpoint), config.latest)
     agent = saved_agent(meta["config"])
+    options = EnvOptions.of(agent)
+    folder = None
+    if config.video:  # refused before the policy is built: nothing made, nothing written
+        from apexrl.algorithms import video
+
+        try:
+            folder = video.prepare(agent.env, options, config.video)
+        except ValueError as err:
+            return _refuse(err)
     policy = algorithms.make(agent).policy()
     policy.load(prefixed(arrays, "online"))
-    options = EnvOptions.of(agent)
-    returns = evaluate(policy, agent.env, config.episodes, config.seed, config.epsilon, options)
+    if folder is None:
+        returns = evaluate(policy, agent.env, config.episodes, config.seed, config.epsilon, options)
+        videos = []
+    else:
+        returns, videos = video.record_episodes(
+            policy, agent.env, config.episodes, config.seed, config.epsilon, options, folder,
+            meta["version"],
+        )  # fmt: skip
     what = f"{path}: {agent.env}, version {meta['version']} (update {meta['update_step']})"
     if "mean_return" in meta:  # a best model: say what earned it
         p = meta["protocol"]
@@ -59,4 +65,28 @@ def main(argv: list[str]) -> int:
     print(
         f"mean {returns.mean():.1f}, min {returns.min():g}, max {returns.max():g} over {len(returns)} episodes"
     )
+    for recorded, steps in videos:
+        print(f"video: {recorded} ({steps} steps)")
     return 0
+
+
+def _checkpoint(path: Path, latest: bool) -> tuple[Path, dict, dict]:
+    """(path, meta, arrays) of a checkpoint file, or of a directory's best model (its newest
+    learner checkpoint with `latest`, or when it holds no best model)."""
+    from apexrl.common import checkpoint
+    from apexrl.learner.best import KIND as BEST
+
+    if not path.is_dir():
+        kind = BEST if path.name.startswith(f"{BEST}-") else "learner"
+        return (path, *checkpoint.read_checkpoint(path, kind))
+    kinds = ["learner"] if latest else [BEST, "learner"]
+    found = next(filter(None, (checkpoint.load_newest(path, k) for k in kinds)), None)
+    if found is None:
+        sys.exit(f"apexrl eval: no valid checkpoint ({' or '.join(kinds)}) in {path}")
+    return found
+
+
+def _refuse(message) -> int:
+    """A usage error, as argparse's: one line naming the setting, exit 2."""
+    print(f"apexrl eval: error: {message}", file=sys.stderr)
+    return 2

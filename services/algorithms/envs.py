@@ -105,10 +105,16 @@ class EnvSpec:
         return self.num_actions > 0
 
 
-def make_env(env_id: str, options: EnvOptions = EnvOptions()) -> gym.Env:  # noqa: B008 (frozen)
-    """The one place an env is made (actors, evaluator, `apexrl eval`, local mode)."""
+def make_env(
+    env_id: str,
+    options: EnvOptions = EnvOptions(),  # noqa: B008 (frozen)
+    render_mode: str | None = None,
+) -> gym.Env:
+    """The one place an env is made (actors, evaluator, `apexrl eval`, local mode);
+    render_mode "rgb_array" for recorded videos."""
+    rendering = {"render_mode": render_mode} if render_mode else {}  # not every env takes one
     if not is_atari(env_id):
-        return gym.make(env_id)
+        return gym.make(env_id, **rendering)
     try:
         import ale_py
     except ImportError as err:
@@ -121,6 +127,7 @@ def make_env(env_id: str, options: EnvOptions = EnvOptions()) -> gym.Env:  # noq
         frameskip=1,  # AtariPreprocessing skips frames (and max-pools the last two)
         repeat_action_probability=options.sticky_actions,
         full_action_space=options.full_action_space,
+        **rendering,
     )
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)
     return gym.wrappers.FrameStackObservation(env, 4)

@@ -88,6 +88,11 @@ def run(
     newest = 0  # the learner's newest version at the last answer
     best = -math.inf  # the best score the learner keeps (from its answers)
     play = Games(policy, config)
+    videos = None
+    if config.video_every:
+        from apexrl.algorithms.video import BestVideos
+
+        videos = BestVideos(policy, config)
 
     try:
         while not stop.is_set():
@@ -114,6 +119,7 @@ def run(
                 m.skipped.inc(params.version - version - 1)
             m.behind.set(params.newest_version - params.version)
             version, lineage, newest = params.version, params.lineage, params.newest_version
+            round_seed = play.next_seed
             returns = play(config.episodes)
             for value in returns:
                 m.returns.observe(value)
@@ -124,7 +130,11 @@ def run(
                 "evaluation of version %d (update %d): mean return %.1f over %d episodes",
                 version, params.update_step, returns.mean(), len(returns),
             )  # fmt: skip
-            best = offer_best(learner, params, returns, best, play, config, m)
+            before, best = best, offer_best(learner, params, returns, best, play, config, m)
+            if videos is not None and best > before:
+                recorded = videos.new_best(version, round_seed)
+                if recorded is not None:
+                    log.info("video of version %d: %s", version, recorded)
             stop.wait(max(0.0, config.interval - (time.monotonic() - started)))
     finally:
         learner.close()

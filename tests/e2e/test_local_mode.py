@@ -8,11 +8,14 @@ import sys
 import time
 import tomllib
 
+import numpy as np
 import psutil
 import pytest
 
 from apexrl.common import checkpoint
 from tests.conftest import metric, read_ready_file, wait_for
+from tests.e2e.test_video import decoded, render_size
+from tests.unit.test_tensorboard import read_scalars
 
 pytestmark = pytest.mark.slow
 
@@ -52,10 +55,13 @@ def play_unseen(run_dir) -> tuple[str, float]:
 
 
 def test_local_mode_solves_cartpole_and_the_saved_model_solves_on_fresh_seeds(tmp_path):
+    """With --video-every (a K so large that only the first new best is recorded) and
+    --tensorboard: one video, event files that hold metrics.csv's values."""
     run_dir = tmp_path / "run"
     result = subprocess.run(
         [sys.executable, "-m", "apexrl.cli", "local", "--run-dir", str(run_dir),
-         "--max-seconds", str(BUDGET), "--seed", "1"],
+         "--max-seconds", str(BUDGET), "--seed", "1", "--video-every", "1000",
+         "--tensorboard", str(tmp_path / "tb")],
         capture_output=True, text=True, timeout=BUDGET + 300,
     )  # fmt: skip
     last_line = result.stdout.strip().splitlines()[-1]
@@ -73,7 +79,13 @@ def test_local_mode_solves_cartpole_and_the_saved_model_solves_on_fresh_seeds(tm
 
     # What stopped the run: the best model's score (60 episodes, two rounds) reached the target.
     with open(run_dir / "metrics.csv") as fh:
-        last_row = list(csv.DictReader(fh))[-1]
+        rows = list(csv.DictReader(fh))
+    last_row = rows[-1]
+    assert_tensorboard_holds(read_scalars(tmp_path / "tb" / "run"), rows)
+    (video,) = (run_dir / "videos").iterdir()  # the first new best model's
+    assert video.name.startswith("CartPole-v1-version-")
+    episode_return = float(re.search(r"-return-(.*)\.mp4$", video.name)[1])
+    assert decoded(video) == (render_size("CartPole-v1"), episode_return + 1)
     assert float(last_row["eval_best_mean_return"]) >= TARGET, last_row
     assert int(float(last_row["eval_best_version"])) == solver
     # The final line then names the best model kept when every service had stopped: the
@@ -87,6 +99,19 @@ def test_local_mode_solves_cartpole_and_the_saved_model_solves_on_fresh_seeds(tm
     header, mean = play_unseen(run_dir)
     assert f", version {version} (update " in header, header
     assert mean >= 0.95 * TARGET
+
+
+def assert_tensorboard_holds(scalars: dict, rows: list[dict]) -> None:
+    """Every metrics.csv column is a scalar at step env_steps with the row's value (as the
+    float32 an event holds), rows without a value (NaN) left out."""
+    assert set(scalars) == set(rows[0])
+    for column, events in scalars.items():
+        expected = [
+            (int(float(row["env_steps"])), float(np.float32(row[column])))
+            for row in rows
+            if not np.isnan(float(row[column]))
+        ]
+        assert events == expected, column
 
 
 def test_local_mode_solves_pendulum_with_dpg(tmp_path):
@@ -141,7 +166,8 @@ def test_local_mode_stops_every_child_on_sigint(tmp_path):
         wait_for(
             lambda: csv.exists() and len(csv.read_text().splitlines()) > 2, 120, "progress rows"
         )
-        assert len(leftover_processes(str(run_dir))) >= 7  # local + 6 services
+        # local + 6 services (the evaluator starts once an actor has stepped)
+        wait_for(lambda: len(leftover_processes(str(run_dir))) >= 7, 60, "every service")
         for shard in (0, 1):  # each shard's own ready file gives its metrics port
             ready = read_ready_file(run_dir / "ready" / f"replay-{shard}.json")
             wait_for(lambda p=ready["metrics_port"]: metric(p, "apexrl_replay_size") > 0, 60,
