@@ -112,6 +112,18 @@ def cartpole_transitions(n: int, seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
+def checkpoint_digest(path) -> str:
+    """The digest of the table a replay checkpoint file holds (a directory: its newest),
+    restored offline; compare with Info's digest of a live table."""
+    from apexrl.replay import checkpoint
+    from apexrl.replay.table import Table
+
+    path = Path(path)
+    states = checkpoint.load_newest(path)[1] if path.is_dir() else checkpoint.read_checkpoint(path)
+    (state,) = states
+    return Table.from_state(state).digest()
+
+
 @dataclass
 class InProcessReplay:
     """A replay server running its asyncio loop in a thread of the test process."""

@@ -10,7 +10,7 @@ from apexrl.replay import keys as keyspace
 from apexrl.replay.client import ReplayClient
 from apexrl.replay.sharded import ShardedReplayClient, ShardError, connect
 from apexrl.v1 import replay_pb2
-from tests.conftest import transitions, wait_for
+from tests.conftest import checkpoint_digest, transitions, wait_for
 
 ALPHA = 0.6
 
@@ -90,6 +90,53 @@ def test_sampling_is_globally_proportional_with_single_table_weights(replay_fact
     per_shard = [seen[sum(counts[:s]) : sum(counts[: s + 1])].sum() for s in range(3)]
     mass = [expected[sum(counts[:s]) : sum(counts[: s + 1])].sum() for s in range(3)]
     np.testing.assert_allclose(np.array(per_shard) / seen.sum(), mass, atol=0.02)
+
+
+@pytest.mark.parametrize(("batch_size", "draws"), [(1, 900), (2, 450), (64, 15)])
+def test_sampling_follows_the_mass_of_every_live_shard_through_priority_updates(
+    replay_factory, monkeypatch, batch_size, draws
+):
+    """4 shards, one of them empty, priorities rewritten between samples: every batch's
+    probabilities and weights are those of one table holding every item at that moment (a
+    batch of 1 or 2 touches one or two shards: their mass is not the whole), and the items
+    drawn follow those probabilities (chi-square over the sum of the distributions drawn
+    from). The client's view of each shard's mass is refreshed before every sample here, as
+    an update changes it; in service it may lag by VIEW_SECONDS."""
+    monkeypatch.setattr(ShardedReplayClient, "VIEW_SECONDS", 0.0)
+    servers = shards(replay_factory, 4)
+    counts = [12, 20, 8, 0]  # shard 3 stays empty
+    rng = np.random.default_rng(batch_size)
+    priorities = rng.uniform(0.5, 20.0, sum(counts))
+    keys = []
+    for shard, (server, count) in enumerate(zip(servers, counts, strict=True)):
+        if count:
+            start = sum(counts[:shard])
+            with server.client() as client:
+                client.insert(transitions(count, start=start), priorities[start : start + count])
+        keys.append(keyspace.with_shard(np.arange(count), shard))
+    all_keys = np.concatenate(keys)
+    by_key = dict(zip(all_keys.tolist(), range(len(all_keys)), strict=True))
+    seen, drawn_from = np.zeros(len(all_keys)), np.zeros(len(all_keys))
+    beta = 0.4
+    with sharded(servers, seed=batch_size) as client:
+        for draw in range(draws):
+            if draw and draw % max(1, draws // 6) == 0:  # a share of the items, any shard
+                changed = rng.choice(len(all_keys), 10, replace=False)
+                priorities[changed] = rng.uniform(0.5, 20.0, 10)
+                client.update_priorities(all_keys[changed], priorities[changed])
+            expected = priorities**ALPHA / (priorities**ALPHA).sum()
+            batch = client.sample(batch_size, beta)
+            index = np.array([by_key[k] for k in batch.keys.tolist()])
+            np.testing.assert_allclose(batch.probabilities, expected[index], rtol=1e-9)
+            raw = (len(all_keys) * expected[index]) ** -beta
+            np.testing.assert_allclose(batch.weights, raw / raw.max(), rtol=1e-6)
+            assert batch.table_size == len(all_keys)
+            np.testing.assert_array_equal(batch.columns["obs"][:, 0], index)
+            np.add.at(seen, index, 1)
+            drawn_from += batch_size * expected
+    chi2 = stats.chisquare(seen, drawn_from)
+    print(f"batch {batch_size}: {int(seen.sum())} samples, chi-square p {chi2.pvalue:.3f}")
+    assert chi2.pvalue > 0.001
 
 
 def test_inserts_spread_and_updates_go_to_the_owner(replay_factory):
@@ -206,8 +253,8 @@ def test_a_shard_killed_mid_training_restarts_from_its_checkpoint_and_rejoins(
         step = lambda: learner_client.get_parameters().update_step  # noqa: E731
         wait_for(lambda: step() >= 20, 90, "training on 3 shards")
         wait_for(lambda: all(counters(r)[1] > 0 for r in replays), 30, "every shard sampled")
-        wait_for(lambda: (tmp_path / "shard-1").exists() and any((tmp_path / "shard-1").iterdir()),
-                 30, "a checkpoint of shard 1")  # fmt: skip
+        wait_for(lambda: checkpointed_inserts(tmp_path / "shard-1") > 0, 60,
+                 "a checkpoint of shard 1 holding items")  # fmt: skip
         replays[1].kill()
         # Training goes on with shards 0 and 2: both take inserts and are sampled.
         before = [counters(replays[i]) for i in (0, 2)]
@@ -216,13 +263,33 @@ def test_a_shard_killed_mid_training_restarts_from_its_checkpoint_and_rejoins(
         after = [counters(replays[i]) for i in (0, 2)]
         assert all(a[0] > b[0] and a[1] > b[1] for a, b in zip(after, before, strict=True))
         assert learner.process.poll() is None and actor.process.poll() is None
+        # Restarted on a port no client knows (no traffic can change it), it holds exactly
+        # its newest checkpoint.
+        saved = checkpoint_digest(tmp_path / "shard-1")
+        aside = start_shard(1)
+        with ReplayClient(aside.address, timeout=30, retry_seconds=5) as client:
+            assert table_digest(client) == saved
+        aside.kill()  # before its next periodic checkpoint matters: it is the same table
         back = start_shard(1, "--port", replays[1].address.rsplit(":", 1)[1])
-        assert "restored table 'default'" in back.log()
         restored = counters(back)
+        assert restored[0] > 0
         wait_for(lambda: (c := counters(back))[0] > restored[0] and c[1] > restored[1], 60,
                  "shard 1 to rejoin (inserts and samples)")  # fmt: skip
     for proc in (actor, learner, replays[0], replays[2], back):
         proc.stop()
+
+
+def checkpointed_inserts(directory) -> int:
+    """Inserts the newest replay checkpoint in `directory` counts (0: none yet)."""
+    from apexrl.replay import checkpoint
+
+    found = checkpoint.load_newest(directory) if directory.exists() else None
+    return 0 if found is None else found[1][0].inserts
+
+
+def table_digest(client: ReplayClient) -> str:
+    info = client.stub.Info(replay_pb2.InfoRequest(include_digest=True), timeout=30)
+    return info.tables[0].digest
 
 
 def test_a_dns_name_finds_its_shards_by_their_info(replay_factory):
