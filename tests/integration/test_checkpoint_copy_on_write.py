@@ -1,0 +1,64 @@
+"""A replay checkpoint taken over gRPC while inserts and priority updates keep arriving over
+gRPC holds the table exactly as it was when the checkpoint began (the copy is taken a chunk
+at a time with calls served in between: replay/snapshot.py)."""
+
+import threading
+
+import numpy as np
+
+from apexrl.replay import snapshot
+from apexrl.replay.table import Table
+from tests.conftest import checkpoint_digest, in_process_replay, transitions, wait_for
+
+
+def test_a_checkpoint_holds_the_table_as_of_its_start_while_calls_change_it(tmp_path, monkeypatch):
+    # Small chunks: the copy takes hundreds of turns of the loop, calls land between them.
+    monkeypatch.setattr(snapshot, "CHUNK", 32)
+    at_start: list[str] = []
+    during = {"inserts": 0, "updates": 0}
+    begin, insert, stage = Table.begin_snapshot, Table.insert, Table.stage_priorities
+
+    def recording_begin(self):
+        at_start.append(self.digest())  # on the loop, nothing between this and the copy's start
+        return begin(self)
+
+    def counting_insert(self, *args, **kwargs):
+        during["inserts"] += self._snapshot is not None
+        return insert(self, *args, **kwargs)
+
+    def counting_stage(self, *args, **kwargs):
+        during["updates"] += self._snapshot is not None
+        return stage(self, *args, **kwargs)
+
+    monkeypatch.setattr(Table, "begin_snapshot", recording_begin)
+    monkeypatch.setattr(Table, "insert", counting_insert)
+    monkeypatch.setattr(Table, "stage_priorities", counting_stage)
+    directory = tmp_path / "checkpoints"
+    with in_process_replay(tmp_path, capacity=20_000, checkpoint_dir=str(directory)) as replay:
+        with replay.client() as client:
+            first = client.insert(transitions(15_000), np.ones(15_000)).first_key
+            stop, rounds = threading.Event(), []
+
+            def churn() -> None:
+                rng = np.random.default_rng(0)
+                with replay.client() as other:
+                    start = 15_000
+                    while not stop.is_set():
+                        other.insert(transitions(8, start=start), np.full(8, 2.0))
+                        keys = first + rng.choice(15_000, 64, replace=False)
+                        other.update_priorities(keys, rng.uniform(0.1, 9.0, 64))
+                        start += 8
+                        rounds.append(start)
+
+            thread = threading.Thread(target=churn)
+            thread.start()
+            try:
+                wait_for(lambda: len(rounds) > 3, 10, "inserts and updates under way")
+                written = client.checkpoint().path
+            finally:
+                stop.set()
+                thread.join(10)
+        live = replay.table.digest()
+    assert during["inserts"] > 0 and during["updates"] > 0, during  # calls landed mid-copy
+    assert live != at_start[0]
+    assert checkpoint_digest(written) == at_start[0]
