@@ -26,10 +26,13 @@ PAPER = {"sequence_length": 80, "sequence_period": 40, "burn_in": 40, "lstm_size
 def random_batch(algorithm, size: int, device) -> dict[str, torch.Tensor]:
     rng = np.random.default_rng(0)
     batch = {}
+    spec = algorithm.spec
     for column in algorithm.columns():
         shape = (size, *column.shape)
-        if column.parts:  # frames compressed as one unit: the learner sees them decoded
-            shape = (size, *column.shape[1:])
+        if column.stack:  # frames stored once per step: the learner sees the stacks rebuilt
+            shape = (size, column.shape[0] - spec.obs_shape[0] + 1, *spec.obs_shape)
+        elif column.name.endswith("_starts"):
+            continue
         if np.issubdtype(column.dtype, np.floating):
             values = rng.standard_normal(shape).astype(column.dtype)
         else:

@@ -6,9 +6,13 @@ import pytest
 import torch
 
 from apexrl import algorithms
-from apexrl.algorithms.envs import MASKED_CARTPOLE, make_env
+from apexrl.algorithms.adders.sequence import SequenceAdder
+from apexrl.algorithms.base import Step
+from apexrl.algorithms.columns import pack, unpack
+from apexrl.algorithms.envs import MASKED_CARTPOLE, EnvSpec, make_env
 from apexrl.algorithms.evaluation import evaluate
 from apexrl.algorithms.networks import MLPTorso
+from apexrl.algorithms.r2d2.builder import sequence_columns
 from apexrl.algorithms.r2d2.losses import (
     nstep_returns,
     priority_mix,
@@ -167,3 +171,36 @@ def test_the_builder_refuses_bad_settings_naming_them(settings, setting):
                            algo=algorithms.get("r2d2").Settings(**settings))  # fmt: skip
     with pytest.raises(ValueError, match=f"^{setting}: "):
         algorithms.make(config)
+
+
+def test_stacked_frames_travel_once_per_step_and_come_back_as_the_adder_made_them():
+    """Frame stacks as FrameStackObservation gives them (a new episode's first stack is its first
+    frame 4 times), through the sequence adder, pack (the actor) and unpack (the learner)."""
+    spec = EnvSpec("ALE/Test-v5", (4, 8, 8), np.dtype(np.uint8), 3, (), None, None, True)
+    columns = sequence_columns(spec, length=6, state_size=2)
+    assert [c.name for c in columns[:2]] == ["observations", "observations_starts"]
+    assert columns[0].shape == (6 + 1 + 3, 8, 8) and columns[0].codec == "zstd"
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 255, (12, 8, 8), dtype=np.uint8)
+
+    def stack(t):  # the stack after frame t of an episode that began at frame 0
+        return frames[np.maximum(np.arange(t - 3, t + 1), 0)]
+
+    adder = SequenceAdder(1, 6, 3, spec.obs_shape, np.uint8, state_size=2, gamma=0.9)
+    items = []
+    for t in range(8):  # an 8-step episode: steps 0-5 at step 6, then 3-7 at its end
+        end = np.array([t == 7])
+        step = Step(stack(t)[None], np.zeros(1, np.int64),
+                    {"state": np.zeros((1, 2), np.float32), "exploration": np.zeros(1, np.float32)},
+                    np.zeros(1, np.float32), end, np.zeros(1, bool), stack(t + 1)[None],
+                    stack(t + 1)[None], 0)  # fmt: skip
+        out = adder.add(step)
+        if out is not None:
+            items.append(out)
+    batch = {k: np.concatenate([item[k] for item in items]) for k in items[0]}
+    assert len(batch["mask"]) == 2 and batch["mask"][1].tolist() == [1, 1, 1, 1, 1, 0]
+    packed = pack(batch, columns)
+    assert packed["observations"].item_nbytes == 10 * 8 * 8  # 10 frames, not 7 stacks of 4
+    unpacked, ok = unpack(packed, columns)
+    assert ok.all()
+    np.testing.assert_array_equal(unpacked["observations"], batch["observations"])

@@ -17,7 +17,7 @@ import numpy as np
 
 from apexrl.algorithms.adders.sequence import SequenceAdder, check_sequence
 from apexrl.algorithms.base import Adder, Builder, Policy
-from apexrl.algorithms.columns import Column, compressed_observations
+from apexrl.algorithms.columns import Column, stacked_columns
 from apexrl.algorithms.exploration import epsilon_ladder
 from apexrl.config import ReplayTableConfig, option
 
@@ -67,15 +67,13 @@ CARTPOLE = {
 
 
 def sequence_columns(spec, length: int, state_size: int) -> list[Column]:
-    """The sequence adder's item (adders/sequence.py), time first; Discrete actions only."""
+    """The sequence adder's item (adders/sequence.py), time first; Discrete actions only. A
+    sequence's stacks of frames go as their frames, once per step, compressed as one unit, and
+    the steps where a stack starts anew (only the padding after an episode's end)."""
     f32, i64 = np.dtype(np.float32), np.dtype(np.int64)
-    observations = Column("observations", np.dtype(spec.obs_dtype), (length + 1, *spec.obs_shape))
-    if compressed_observations(spec):
-        # One zstd frame per sequence: the codec sees the frames its stacks and steps repeat.
-        observations = Column("observations", observations.dtype, (1, *observations.shape),
-                              codec="zstd", parts=("observations",))  # fmt: skip
     return [
-        observations,
+        # Stacked frames (Atari) are stored once per step and compressed as one unit.
+        *stacked_columns("observations", spec, length + 1),
         Column("actions", i64, (length,)),
         Column("rewards", f32, (length,)),
         Column("discounts", f32, (length,)),
