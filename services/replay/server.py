@@ -55,6 +55,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
         self._changed = asyncio.Condition()
         self._checkpoint_lock = asyncio.Lock()
         self._stopping = False
+        self._idle_streams: set[asyncio.Task] = set()  # waiting for their next request
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -97,14 +98,40 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "replay server is shutting down")
 
     async def stop_waiters(self) -> None:
-        """Releases every call the rate limiter holds (they end UNAVAILABLE)."""
+        """Releases every call the rate limiter holds, and every stream waiting for its next
+        request (they end UNAVAILABLE): what a stream sent before was answered, and a client
+        that keeps its stream open must not hold the server's stop for its whole grace."""
         self._stopping = True
+        for task in list(self._idle_streams):
+            task.cancel()
         await self._notify()
+
+    async def _requests(self, request_iterator, context):
+        """A client stream's requests until the client ends it, or until shutdown: a stream
+        then ends UNAVAILABLE between two requests, never while one is being applied."""
+        task = asyncio.current_task()
+        requests = aiter(request_iterator)
+        while True:
+            if self._stopping:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "replay server is shutting down")
+            self._idle_streams.add(task)
+            try:
+                request = await anext(requests)
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                if not self._stopping:
+                    raise
+                task.uncancel()  # stop_waiters' cancel: this stream ends UNAVAILABLE instead
+                continue
+            finally:
+                self._idle_streams.discard(task)
+            yield request
 
     # --- rpcs ------------------------------------------------------------------------------
 
     async def Insert(self, request_iterator, context):
-        async for request in request_iterator:
+        async for request in self._requests(request_iterator, context):
             table = self._table(request.table)
             columns = tensors.batch_from_proto(request.batch)
             priorities = (
@@ -153,7 +180,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
         return self._update_priorities(request)
 
     async def UpdatePrioritiesStream(self, request_iterator, context):
-        async for request in request_iterator:
+        async for request in self._requests(request_iterator, context):
             yield self._update_priorities(request)
 
     def _update_priorities(self, request) -> replay_pb2.UpdatePrioritiesResponse:

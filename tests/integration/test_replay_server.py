@@ -1,6 +1,7 @@
 """The replay service over real gRPC (servers bound to port 0, no mocks)."""
 
 import threading
+import time
 import urllib.request
 
 import grpc
@@ -477,3 +478,71 @@ def test_writer_sends_single_transitions_in_pipelined_batches(replay):
         assert replay.table.priorities[1006:1008].tolist() == [2.0, 2.0]
         for w in (writer, other, third):
             w.close()
+
+
+def test_writer_delivers_at_least_once_doubling_at_most_a_window_per_lost_stream(
+    replay_factory, monkeypatch
+):
+    """A stream that breaks after the replay applied batches whose acks never came back (here
+    two: the replay inserts them, then the call ends UNAVAILABLE before their acks go out):
+    the writer sends every unacknowledged batch again on a new stream. Every item lands, none
+    is lost; the ones doubled are exactly those batches, and at most `window` batches can be
+    doubled by one lost stream (their acks are all it can be waiting for)."""
+    from apexrl.replay.server import ReplayServicer
+
+    batch, window, acked_first, lost = 4, 3, 2, 2
+    insert = ReplayServicer.Insert
+    broken = []
+
+    async def losing_acks(self, request_iterator, context):
+        answered = 0
+        async for response in insert(self, request_iterator, context):
+            answered += 1
+            if broken or answered <= acked_first:
+                yield response
+            elif answered == acked_first + lost:  # applied, their acks withheld: cut
+                broken.append(True)
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "connection lost")
+
+    monkeypatch.setattr(ReplayServicer, "Insert", losing_acks)
+    replay = replay_factory()
+    rows = transitions(40)
+    with replay.client() as client:
+        writer = client.writer(batch=batch, window=window)
+        for i in range(40):
+            writer.append({k: v[i] for k, v in rows.items()}, 1.0)
+        writer.flush()
+        writer.close()
+    assert broken and writer.landed == 40
+    stored = replay.table.columns["obs"][: replay.table.size, 0].astype(int)
+    copies = np.bincount(stored, minlength=40)
+    assert copies.min() == 1  # at least once
+    doubled = np.flatnonzero(copies > 1)
+    np.testing.assert_array_equal(
+        doubled, np.arange(acked_first * batch, (acked_first + lost) * batch)
+    )
+    assert copies.max() == 2 and len(doubled) <= window * batch
+
+
+def test_sigterm_ends_idle_streams_and_keeps_what_they_sent(service_process, tmp_path):
+    """A client that keeps its insert and priority streams open between batches (every actor
+    and learner does) does not hold the replay's stop for its grace: the streams end
+    UNAVAILABLE between two requests, and what they sent before is in the final checkpoint."""
+    from apexrl.replay.client import ReplayClient
+    from tests.conftest import checkpoint_digest
+
+    grace = 30.0
+    replay = service_process(
+        "replay", "--grace-seconds", str(grace), "--min-size-to-sample", "1",
+        "--checkpoint-dir", str(tmp_path / "checkpoints"),
+    )  # fmt: skip
+    with ReplayClient(replay.address, timeout=10, retry_seconds=0) as client:
+        first = client.insert(transitions(10)).first_key  # the Insert stream stays open
+        client.update_priorities(first + np.arange(5), np.full(5, 3.0))  # and this one
+        info = client.stub.Info(replay_pb2.InfoRequest(include_digest=True), timeout=10)
+        started = time.monotonic()
+        code = replay.terminate(timeout=grace + 10)
+        seconds = time.monotonic() - started
+    print(f"replay with two idle streams open stopped in {seconds:.2f} s (grace {grace:g} s)")
+    assert code == 0 and seconds < grace / 3, replay.log()[-2000:]
+    assert checkpoint_digest(tmp_path / "checkpoints") == info.tables[0].digest
