@@ -3,6 +3,7 @@ plays, in order or not, and what it counts as skipped."""
 
 import threading
 
+import numpy as np
 import prometheus_client
 import pytest
 
@@ -16,19 +17,35 @@ from tests.conftest import serve_learner, wait_for
 ENV = "CartPole-v1"
 
 
+def marked(arrays: dict, version: int) -> dict:
+    """The parameters with `version` written into every logit bias: the greedy policy is the
+    same, and the weights a policy holds tell which version it is."""
+    bias = next(name for name in arrays if name.startswith("logits") and name.endswith("bias"))
+    return arrays | {bias: np.full_like(arrays[bias], version)}
+
+
 @pytest.mark.parametrize(("kept_versions", "window"), [(40, 100), (0, 100), (40, 3)])
 def test_a_window_plays_each_version_in_order_while_the_learner_keeps_it(
-    tmp_path, kept_versions, window
+    tmp_path, monkeypatch, kept_versions, window
 ):
-    """30 versions published in a burst while the evaluator plays: with every version kept and
-    a window wider than the burst it plays all 30, one after the other; with none kept besides
-    the newest, or a narrow window, every version is either played or counted as skipped, and
-    it ends on the newest."""
+    """30 versions published in a burst while the evaluator plays: the versions whose weights
+    it actually played, read from its policy at each round, only ever increase and end on the
+    newest; with every version kept and a window wider than the burst they are all 30, one
+    after the other; with none kept besides the newest, or a narrow window, the ones not
+    played are the ones it counts as skipped."""
     config = LearnerConfig(algorithm="ppo", env=ENV, checkpoint_dir=str(tmp_path / "ckpt"))
     arrays = state_to_numpy(algorithms.make(config).network())
     size = sum(a.nbytes for a in arrays.values())
     store = ParameterStore(history_bytes=kept_versions * size)
-    store.publish(arrays, update_step=0)
+    store.publish(marked(arrays, 1), update_step=0)
+    played: list[int] = []
+    games = evaluator.Games.__call__
+
+    def recording(self, episodes):
+        played.append(int(self.policy.net.logits.bias[0]))
+        return games(self, episodes)
+
+    monkeypatch.setattr(evaluator.Games, "__call__", recording)
     with serve_learner(tmp_path, store, arrays, config) as (address, _):
         settings = EvaluatorConfig(
             algorithm="ppo", env=ENV, learner=address, episodes=2, confirm_episodes=0,
@@ -39,18 +56,18 @@ def test_a_window_plays_each_version_in_order_while_the_learner_keeps_it(
         thread = threading.Thread(target=evaluator.run, args=(settings, registry, stop, metrics))
         thread.start()
         try:
-            wait_for(lambda: metrics.rounds._value.get() == 1, 20, "the first evaluation")
+            wait_for(lambda: played, 20, "the first evaluation")
             for step in range(1, 30):
-                store.publish(arrays, update_step=step)
-            wait_for(lambda: metrics.version._value.get() == 30, 60, "version 30 played")
+                store.publish(marked(arrays, step + 1), update_step=step)
+            wait_for(lambda: played[-1] == 30, 60, "version 30 played")
         finally:
             stop.set()
             thread.join(10)
-        rounds, skipped = metrics.rounds._value.get(), metrics.skipped._value.get()
-        assert rounds + skipped == 30
-        assert metrics.behind._value.get() == 0
-        if window > 30 and kept_versions > 30:
-            assert (rounds, skipped) == (30, 0)
+    assert played[0] == 1 and played[-1] == 30
+    assert all(np.diff(played) > 0), played
+    if window > 30 and kept_versions > 30:
+        assert played == list(range(1, 31))
+    assert len(played) + metrics.skipped._value.get() == 30
 
 
 @pytest.mark.parametrize(("name", "bad"), [("window", -1), ("nice", -1), ("nice", 20)])
