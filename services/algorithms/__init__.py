@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 # name -> its Builder, as "module:attribute", imported on use (the registry costs nothing to read).
 ALGORITHMS = {
     "dqn": "apexrl.algorithms.dqn.builder:DQNBuilder",
+    "rainbow": "apexrl.algorithms.dqn.builder:RainbowBuilder",
     "dpg": "apexrl.algorithms.dpg.builder:DPGBuilder",
     "impala": "apexrl.algorithms.impala.builder:IMPALABuilder",
     "ppo": "apexrl.algorithms.ppo.builder:PPOBuilder",

@@ -1,5 +1,7 @@
 """Ape-X DQN's builder: double DQN with a dueling network on n-step transitions from one
-prioritized table, epsilon-greedy actors on a ladder (Horgan et al. 2018)."""
+prioritized table, epsilon-greedy actors on a ladder (Horgan et al. 2018); noisy heads and
+C51's distributional head as settings; `rainbow`, the same builder with both on (Hessel et al.
+2018)."""
 
 from dataclasses import dataclass
 
@@ -9,11 +11,34 @@ from apexrl.algorithms.columns import Column
 from apexrl.algorithms.envs import is_atari
 from apexrl.algorithms.exploration import epsilon_ladder
 from apexrl.algorithms.off_policy import SMALL_MACHINE, OffPolicyBuilder, OffPolicySettings
+from apexrl.config import option
 
 
 @dataclass
 class Settings(OffPolicySettings):
     """[dqn]: Ape-X DQN's settings."""
+
+    noisy: bool = option(
+        False, "noisy value and advantage layers (factorised Gaussian) explore instead of epsilon"
+    )
+    sigma0: float = option(0.5, "noisy layers' initial noise: sigma = sigma0 / sqrt(inputs)")
+    distributional: bool = option(False, "C51: learn the return's distribution over atoms")
+    atoms: int = option(51, "C51: atoms of the return distribution")
+    v_min: float = option(-10.0, "C51: the lowest atom's return")
+    v_max: float = option(10.0, "C51: the highest atom's return")
+
+
+@dataclass
+class RainbowSettings(Settings):
+    """[rainbow]: dqn's settings with Rainbow's choices (noisy, C51, priority exponent 0.5)."""
+
+    noisy: bool = option(True, Settings.__dataclass_fields__["noisy"].metadata["help"])
+    distributional: bool = option(
+        True, Settings.__dataclass_fields__["distributional"].metadata["help"]
+    )
+    priority_exponent: float = option(
+        0.5, OffPolicySettings.__dataclass_fields__["priority_exponent"].metadata["help"]
+    )
 
 
 class DQNBuilder(OffPolicyBuilder):
@@ -21,6 +46,7 @@ class DQNBuilder(OffPolicyBuilder):
     Settings = Settings
     exploration_name = "epsilon"
     exploration_help = "Exploration epsilon from the actor's lease (the Ape-X ladder)."
+    loss_help = "Importance-weighted loss of the last update: Huber TD, or C51's cross-entropy."
 
     @classmethod
     def presets(cls, env_id: str) -> dict:
@@ -39,25 +65,38 @@ class DQNBuilder(OffPolicyBuilder):
         super().check()
         if not self.spec.discrete:
             raise ValueError(
-                f"algorithm: dqn needs a Discrete action space, {self.spec.env_id} has a"
+                f"algorithm: {self.name} needs a Discrete action space, {self.spec.env_id} has a"
                 " continuous one (use algorithm = dpg)"
             )
+        s = self.settings
+        if s.sigma0 <= 0:
+            raise ValueError(f"sigma0: must be > 0, got {s.sigma0}")
+        if s.atoms < 2:
+            raise ValueError(f"atoms: must be >= 2, got {s.atoms}")
+        if not s.v_min < s.v_max:
+            raise ValueError(f"v_min: must be < v_max, got v_min {s.v_min}, v_max {s.v_max}")
 
     def columns(self) -> list[Column]:
         """n-step transitions whose actions are int64 indices."""
         return self.item_columns(np.dtype(np.int64))
 
     def exploration(self, index: int, count: int) -> float:
-        return epsilon_ladder(index, count)
+        """The Ape-X epsilon ladder; with noisy layers it is off (epsilon 0 on every actor):
+        the actors explore through a new noise sample each step, as Fortunato et al. and
+        Rainbow act."""
+        epsilon = epsilon_ladder(index, count)
+        return 0.0 if self.settings.noisy else epsilon
 
     def network(self):
         from apexrl.algorithms.dqn.networks import build_network
         from apexrl.algorithms.networks import hidden_sizes
 
-        spec = self.spec
+        spec, s = self.spec, self.settings
         return build_network(
-            spec.obs_shape, spec.obs_dtype, spec.num_actions, hidden_sizes(self.config.hidden)
-        )
+            spec.obs_shape, spec.obs_dtype, spec.num_actions, hidden_sizes(self.config.hidden),
+            sigma0=s.sigma0 if s.noisy else None, atoms=s.atoms if s.distributional else 0,
+            v_min=s.v_min, v_max=s.v_max,
+        )  # fmt: skip
 
     def policy(self):
         from apexrl.algorithms.dqn.learning import DQNPolicy
@@ -68,3 +107,20 @@ class DQNBuilder(OffPolicyBuilder):
         from apexrl.algorithms.dqn.learning import DQNLearning
 
         return DQNLearning(self.network, config, self.settings, device)
+
+
+class RainbowBuilder(DQNBuilder):
+    """dqn with noisy heads, C51 and a priority exponent of 0.5 by default (its own [rainbow]
+    table); on classic-control envs the atoms span [-100, 100], the returns of rewards of
+    magnitude 1 discounted by 0.99; on Atari Rainbow's [-10, 10] over clipped rewards."""
+
+    name = "rainbow"
+    Settings = RainbowSettings
+
+    @classmethod
+    def presets(cls, env_id: str) -> dict:
+        presets = DQNBuilder.presets(env_id)
+        own = presets.pop("dqn")
+        if not is_atari(env_id):
+            own = {**own, "v_min": -100.0, "v_max": 100.0}
+        return {**presets, "rainbow": own}

@@ -1,11 +1,12 @@
-"""Ape-X DQN's policy (epsilon-greedy) and learning (double DQN, dueling network, n-step)."""
+"""Ape-X DQN's policy (epsilon-greedy, or noisy heads) and learning (double DQN, dueling
+network, n-step; expected Q or C51's distribution)."""
 
 import numpy as np
 import torch
 
 from apexrl.algorithms.base import Learning, Policy, prefixed
-from apexrl.algorithms.dqn.losses import dqn_loss
-from apexrl.algorithms.dqn.networks import QNetwork
+from apexrl.algorithms.dqn.losses import c51_loss, dqn_loss
+from apexrl.algorithms.dqn.networks import QNetwork, set_noise
 from apexrl.algorithms.networks import (
     adam,
     load_numpy_state,
@@ -15,15 +16,40 @@ from apexrl.algorithms.networks import (
 )
 
 
+def loss_of(net: QNetwork):
+    """The loss a network trains with: C51's for a distributional head, else the Huber TD loss;
+    both return (loss, priorities >= 0 [B], Q(obs, action) [B])."""
+    if net.support is not None:
+        return c51_loss
+
+    def huber(online, target, batch, weights):
+        loss, td_errors, q = dqn_loss(online, target, batch, weights)
+        return loss, td_errors.abs(), q
+
+    return huber
+
+
 class DQNPolicy(Policy):
+    """Epsilon-greedy on Q; with noisy heads, an actor's step acts on a new noise sample each
+    step, while `act` (the evaluator, `apexrl eval`) uses the mean weights: no noise."""
+
     def __init__(self, net: QNetwork):
         self.net = net
+        self.loss = loss_of(net)
 
     def load(self, arrays: dict[str, np.ndarray]) -> None:
         load_numpy_state(self.net, arrays)
 
     def act(self, obs: np.ndarray, exploration: float, rng: np.random.Generator) -> np.ndarray:
         """Epsilon-greedy: a uniformly random action with probability `exploration`."""
+        set_noise(self.net, 0.0)
+        return self._epsilon_greedy(obs, exploration, rng)
+
+    def step(self, obs, exploration, rng):
+        set_noise(self.net, 1.0)
+        return self._epsilon_greedy(obs, exploration, rng), {}
+
+    def _epsilon_greedy(self, obs, exploration, rng) -> np.ndarray:
         with torch.no_grad():
             greedy = self.net(torch.from_numpy(obs)).argmax(1).numpy()
         if exploration <= 0:
@@ -32,13 +58,14 @@ class DQNPolicy(Policy):
         return np.where(explore, rng.integers(self.net.num_actions, size=len(obs)), greedy)
 
     def priorities(self, columns: dict[str, np.ndarray]) -> np.ndarray:
-        """|TD error| with the actor's own network as both online and target, as in Ape-X."""
+        """The learner's priority (|TD error| or the KL loss) with the actor's own network as
+        both online and target, as in Ape-X."""
         batch = {name: torch.from_numpy(array) for name, array in columns.items()}
         with torch.no_grad():
-            _, td_errors, _ = dqn_loss(
+            _, priorities, _ = self.loss(
                 self.net, self.net, batch, torch.ones(len(columns["action"]))
             )
-        return td_errors.abs().numpy().astype(np.float32)
+        return priorities.numpy().astype(np.float32)
 
 
 class DQNLearning(Learning):
@@ -47,16 +74,20 @@ class DQNLearning(Learning):
         self.online, self.target = build().to(device), build().to(device)
         self.target.load_state_dict(self.online.state_dict())
         self.optimizer = adam(self.online.parameters(), config.learning_rate)
+        self.loss = loss_of(self.online)
 
     def update(self, batch, weights, step):
-        loss, td_errors, q = dqn_loss(self.online, self.target, batch, weights)
+        # Independent noise for the online and target networks at every update (Rainbow).
+        set_noise(self.online)
+        set_noise(self.target)
+        loss, priorities, q = self.loss(self.online, self.target, batch, weights)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         if step % self.settings.target_update_interval == 0:
             self.target.load_state_dict(self.online.state_dict())
-        return td_errors.abs(), {"loss": loss.item(), "q_mean": q.mean().item()}
+        return priorities, {"loss": loss.item(), "q_mean": q.mean().item()}
 
     def parameters(self) -> dict[str, np.ndarray]:
         return state_to_numpy(self.online)

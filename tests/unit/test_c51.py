@@ -1,0 +1,135 @@
+"""C51 (Bellemare et al. 2017): the projected Bellman target against distributions computed by
+hand (terminal and out-of-range atoms included), the loss and its priorities, the network."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from apexrl.algorithms.dqn.losses import c51_loss, project_distribution
+from apexrl.algorithms.dqn.networks import build_network
+
+SUPPORT = torch.tensor([0.0, 1.0, 2.0, 3.0, 4.0])  # v_min 0, v_max 4, 5 atoms: delta 1
+
+
+def one_hot(atom: int) -> list[float]:
+    return [1.0 if i == atom else 0.0 for i in range(5)]
+
+
+CASES = [
+    # (next distribution, reward, discount, the projected target by hand)
+    # 0.5 + 1: halfway between atoms 1 and 2.
+    (one_hot(1), 0.5, 1.0, [0, 0.5, 0.5, 0, 0]),
+    # 0.25 + 0.5 * 1 = 0.75: a quarter of the way from atom 1 down to atom 0.
+    (one_hot(1), 0.25, 0.5, [0.25, 0.75, 0, 0, 0]),
+    # Exactly on atom 3: all the mass there, none lost to a zero-width split.
+    (one_hot(2), 1.0, 1.0, [0, 0, 0, 1, 0]),
+    # A terminal (discount 0): every atom goes to the reward, 2.3 = 0.7 at 2, 0.3 at 3.
+    ([0.1, 0.2, 0.3, 0.2, 0.2], 2.3, 0.0, [0, 0, 0.7, 0.3, 0]),
+    # Above v_max: 3 + [0..4] = [3, 4, 5, 6, 7] clipped to [3, 4, 4, 4, 4].
+    ([0.2] * 5, 3.0, 1.0, [0, 0, 0, 0.2, 0.8]),
+    # Below v_min: -3 + 0.5 * [0..4] <= -1, all clipped to atom 0.
+    ([0.1, 0.2, 0.3, 0.2, 0.2], -3.0, 0.5, [1, 0, 0, 0, 0]),
+    # Contracted: 0.5 * [0, 4] = [0, 2].
+    ([0.5, 0, 0, 0, 0.5], 0.0, 0.5, [0.5, 0, 0.5, 0, 0]),
+]
+
+
+@pytest.mark.parametrize("probs, reward, discount, want", CASES)
+def test_projection_by_hand(probs, reward, discount, want):
+    got = project_distribution(
+        torch.tensor([probs]), torch.tensor([reward]), torch.tensor([discount]), SUPPORT
+    )
+    torch.testing.assert_close(got, torch.tensor([want], dtype=torch.float32))
+
+
+def test_projection_of_a_batch_keeps_rows_apart_and_mass_whole():
+    probs = torch.tensor([case[0] for case in CASES])
+    rewards = torch.tensor([case[1] for case in CASES])
+    discounts = torch.tensor([case[2] for case in CASES])
+    got = project_distribution(probs, rewards, discounts, SUPPORT)
+    torch.testing.assert_close(got, torch.tensor([case[3] for case in CASES]))
+    torch.testing.assert_close(got.sum(1), torch.ones(len(CASES)))
+
+
+class TableDistribution(nn.Module):
+    """Logits[s] as a table, [states, actions, atoms]: distributions computable by hand."""
+
+    def __init__(self, logits, support):
+        super().__init__()
+        self.logits = nn.Parameter(torch.tensor(logits, dtype=torch.float32).log())
+        self.register_buffer("support", support)
+
+    def log_probs(self, obs):
+        return torch.log_softmax(self.logits[obs.long()], dim=2)
+
+    def forward(self, obs):
+        return (self.log_probs(obs).exp() * self.support).sum(2)
+
+
+def test_loss_and_priorities_by_hand():
+    uniform = [0.2] * 5
+    # State 0: action 0 uniform, action 1 all at 4. State 1 (next): action 0 all at 1 (Q 1),
+    # action 1 all at 2 (Q 2): the online net picks action 1, the target's action 1 is at 3.
+    online = TableDistribution([[uniform, one_hot(4)], [one_hot(1), one_hot(2)]], SUPPORT)
+    target = TableDistribution([[uniform, uniform], [one_hot(1), one_hot(3)]], SUPPORT)
+    online.logits.data.clamp_(min=-30.0)
+    target.logits.data.clamp_(min=-30.0)
+    batch = {
+        "obs": torch.tensor([0, 0]),
+        "action": torch.tensor([0, 0]),
+        "reward": torch.tensor([0.5, 1.0]),
+        "discount": torch.tensor([0.5, 0.0]),
+        "next_obs": torch.tensor([1, 1]),
+    }
+    weights = torch.tensor([1.0, 2.0])
+    loss, kl, q = c51_loss(online, target, batch, weights)
+    # Targets: 0.5 + 0.5 * 3 = 2 (all at atom 2); terminal 1 (all at atom 1). The online
+    # distribution of (0, 0) is uniform: cross-entropy log 5, KL log 5 (targets have no entropy).
+    torch.testing.assert_close(loss, torch.tensor((1.0 + 2.0) * math.log(5) / 2))
+    torch.testing.assert_close(kl, torch.tensor([math.log(5)] * 2))
+    torch.testing.assert_close(q, torch.tensor([2.0, 2.0]))
+    assert not kl.requires_grad and not q.requires_grad
+    loss.backward()
+    assert target.logits.grad is None
+    # The gradient moves only the logits of (state 0, action 0), toward the target atoms.
+    grad = online.logits.grad
+    assert grad[1].abs().sum() == 0 and grad[0, 1].abs().sum() == 0
+    assert grad[0, 0, 2] < 0 and grad[0, 0, 1] < 0 and grad[0, 0, 4] > 0
+
+
+def test_priorities_vanish_when_the_distributions_agree():
+    online = TableDistribution([[one_hot(2)], [one_hot(2)]], SUPPORT)
+    online.logits.data.clamp_(min=-30.0)
+    batch = {
+        "obs": torch.tensor([0]),
+        "action": torch.tensor([0]),
+        "reward": torch.tensor([2.0]),
+        "discount": torch.tensor([0.0]),
+        "next_obs": torch.tensor([1]),
+    }
+    _, kl, _ = c51_loss(online, online, batch, torch.ones(1))
+    assert kl.item() < 1e-6
+
+
+def test_network_distributions_and_expected_q():
+    torch.manual_seed(0)
+    net = build_network((4,), np.float32, 3, (16,), atoms=51, v_min=-10.0, v_max=10.0)
+    obs = torch.randn(5, 4)
+    log_probs = net.log_probs(obs)
+    assert log_probs.shape == (5, 3, 51)
+    torch.testing.assert_close(log_probs.exp().sum(2), torch.ones(5, 3))
+    torch.testing.assert_close(net(obs), (log_probs.exp() * torch.linspace(-10, 10, 51)).sum(2))
+    # The support is derived from the settings, never published.
+    assert "support" not in net.state_dict()
+
+
+@pytest.mark.parametrize(
+    "options, setting",
+    [({"atoms": 1}, "atoms"), ({"atoms": 51, "v_min": 1.0, "v_max": 1.0}, "v_min")],
+)
+def test_bad_support_refused(options, setting):
+    with pytest.raises(ValueError, match=setting):
+        build_network((4,), np.float32, 2, (8,), **options)
