@@ -3,15 +3,18 @@ checks them without a codec, the learner decodes them off the training thread.""
 
 import queue
 
+import ale_py  # noqa: F401  (make setup installs it: missing, these tests fail, never skip)
 import grpc
 import numpy as np
 import prometheus_client
 import pytest
 import torch
+import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apexrl import algorithms
+from apexrl.algorithms.base import Policy
 from apexrl.algorithms.columns import unpack
 from apexrl.common import codec
 from apexrl.common.codec import Packed
@@ -21,8 +24,6 @@ from apexrl.learner.parameters import ParameterStore
 from apexrl.learner.training import Learner, autocast_dtype, native_bfloat16
 from apexrl.replay.client import ReplayClient, SampledBatch, insert_request
 from tests.conftest import in_process_replay, metric, wait_for
-
-pytest.importorskip("ale_py")
 
 PONG = "ALE/Pong-v5"
 
@@ -177,14 +178,27 @@ def compressed_replay(tmp_path_factory):
         yield harness
 
 
+def zstd_declares(frame: bytes, nbytes: int) -> bool:
+    """The oracle: zstandard's own frame header parser reads `frame` as a zstd frame (not a
+    skippable one, which it parses too) declaring `nbytes` decompressed and no dictionary."""
+    if frame[:4] != codec.ZSTD_MAGIC:
+        return False
+    try:
+        parameters = zstandard.get_frame_parameters(frame)
+    except zstandard.ZstdError:
+        return False
+    return parameters.content_size == nbytes and parameters.dict_id == 0
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_compressed_inserts_fuzzed_are_stored_exactly_or_refused_naming_the_column(
     compressed_replay, data
 ):
     """Random damage to a valid compressed insert (header bytes, truncation, sizes, shape,
-    codec): the replay accepts it exactly when every frame declares the item size, else
-    answers INVALID_ARGUMENT naming the column and keeps its table byte for byte."""
+    codec): the replay accepts it exactly when zstandard's own frame parser reads every frame
+    as declaring the item size, and then stores each frame byte for byte; else it answers
+    INVALID_ARGUMENT naming the column and keeps its table byte for byte."""
     harness = compressed_replay
     n = data.draw(st.integers(1, 4))
     items = np.zeros((n, 2, 4, 8, 8), np.uint8)
@@ -223,16 +237,10 @@ def test_compressed_inserts_fuzzed_are_stored_exactly_or_refused_naming_the_colu
         and tensor.codec == 1
         and sum(tensor.sizes) == len(tensor.data)
     )
-    declared_ok = (
-        well_framed
-        and codec.check(
-            Packed(
-                "zstd", np.uint8, (2, 4, 8, 8), tensor.data, np.array(tensor.sizes, np.uint32)
-            ).items(),
-            2 * 4 * 8 * 8,
-        )
-        is None
-    )
+    sent = Packed(
+        "zstd", np.uint8, (2, 4, 8, 8), tensor.data, np.array(tensor.sizes, np.uint32)
+    ).items()
+    declared_ok = well_framed and all(zstd_declares(bytes(f), 2 * 4 * 8 * 8) for f in sent)
     table = harness.table
     before = table.digest()
     inserts = table.inserts
@@ -245,7 +253,58 @@ def test_compressed_inserts_fuzzed_are_stored_exactly_or_refused_naming_the_colu
     if declared_ok:
         assert error is None, error.details()
         assert table.inserts == inserts + n
+        slots = np.arange(inserts, inserts + n) % table.capacity
+        stored = table.columns["observations"]
+        for slot, frame in zip(slots.tolist(), sent, strict=True):
+            offset, size = int(stored.offsets[slot]), int(stored.sizes[slot])
+            assert bytes(memoryview(stored.blobs[slot])[offset : offset + size]) == bytes(frame)
+        np.testing.assert_array_equal(table.columns["action"][slots], np.arange(n))
     else:
         assert error is not None and error.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert error.details().startswith('batch.columns["observations"]'), error.details()
         assert table.digest() == before
+
+
+class RandomPolicy(Policy):
+    """Uniformly random actions."""
+
+    def __init__(self, num_actions: int):
+        self.num_actions = num_actions
+
+    def load(self, arrays) -> None:
+        pass
+
+    def priorities(self, items):
+        return np.ones(len(next(iter(items.values()))))
+
+    def act(self, obs, exploration, rng):
+        return rng.integers(self.num_actions, size=len(obs))
+
+
+def test_an_evaluation_scores_the_game_unclipped(monkeypatch):
+    """Space Invaders pays 5 to 30 points an alien: the return an evaluation reports is the
+    sum of the rewards the emulator paid, step by step, not of rewards clipped to +-1 (which
+    actors learn from)."""
+    from apexrl.algorithms import evaluation
+    from apexrl.algorithms.envs import make_env
+
+    paid: list[float] = []
+
+    def recording_env(env_id, options):
+        env = make_env(env_id, options)
+        game = env.unwrapped
+        step = game.step
+
+        def counted(action):
+            result = step(action)
+            paid.append(float(result[1]))
+            return result
+
+        game.step = counted
+        return env
+
+    monkeypatch.setattr(evaluation, "make_env", recording_env)
+    env_id = "ALE/SpaceInvaders-v5"
+    returns = evaluation.evaluate(RandomPolicy(6), env_id, episodes=1, seed=3)
+    assert max(paid) > 1  # rewards clipping would change
+    assert returns[0] == sum(paid)
