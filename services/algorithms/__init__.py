@@ -27,6 +27,7 @@ ALGORITHMS = {
     "dpg": "apexrl.algorithms.dpg.builder:DPGBuilder",
     "impala": "apexrl.algorithms.impala.builder:IMPALABuilder",
     "ppo": "apexrl.algorithms.ppo.builder:PPOBuilder",
+    "nec": "apexrl.algorithms.nec.builder:NECBuilder",
     "r2d2": "apexrl.algorithms.r2d2.builder:R2D2Builder",
 }
 

@@ -8,7 +8,7 @@ import grpc
 import numpy as np
 import pytest
 
-from apexrl import local
+from apexrl import algorithms, local
 from apexrl.algorithms.exploration import noise_ladder
 from apexrl.common.learner_client import LearnerClient
 from apexrl.config import AgentConfig
@@ -23,6 +23,9 @@ def test_dpg_actors_and_learner_train_through_the_same_services(service_process)
     replay = service_process("replay", "--min-size-to-sample", "200", "--signature", signature)
     learner = service_process("learner", *DPG, "--replay", replay.address, "--batch-size", "64",
                               "--lease-seconds", "2")  # fmt: skip
+    with LearnerClient(learner.address) as client:
+        untrained = client.get_parameters(0)  # published before any transition arrived
+    assert untrained.update_step == 0
     actors = [
         service_process(
             "actor",
@@ -40,11 +43,21 @@ def test_dpg_actors_and_learner_train_through_the_same_services(service_process)
         )  # fmt: skip
         for _ in range(2)
     ]
-    # Both actors act and insert; the learner trains on what they sent and publishes versions.
+    # Both actors act and insert; the learner trains on what they sent and publishes versions:
+    # its actor has learned to climb its critic on the states the actors sent.
     wait_for(lambda: metric(learner.metrics_port, "apexrl_learner_updates_total") >= 50, 120,
              "DPG updates")  # fmt: skip
     with ReplayClient(replay.address) as client:
         batch = client.sample(32)
+        fixed = client.sample(256).columns
+    with LearnerClient(learner.address) as client:
+        trained = client.get_parameters(0)
+    policy = algorithms.make(AgentConfig(algorithm="dpg", env="Pendulum-v1")).policy()
+    before = policy_climbs(policy, untrained.arrays, trained.arrays, fixed)
+    after = policy_climbs(policy, trained.arrays, trained.arrays, fixed)
+    print(f"DPG: pi(s) above the action taken in Q's eyes in {after:.0%} of 256 sampled states"
+          f" at update {trained.update_step}, {before:.0%} untrained")  # fmt: skip
+    assert after > 0.7 and after > before + 0.2
     action = batch.columns["action"]
     assert action.dtype == np.float32 and action.shape == (32, 1)
     assert np.all(np.abs(action) <= 2.0) and np.unique(action).size > 1  # bounded, explored
@@ -79,6 +92,23 @@ def test_dpg_actors_and_learner_train_through_the_same_services(service_process)
     )
     for proc in (actors[0], learner, replay):
         proc.stop()
+
+
+def policy_climbs(policy, actor: dict, critic: dict, columns: dict) -> float:
+    """The share of sampled states where the policy of `actor` picks an action that the critic
+    of `critic` values above the action taken there (DPG's actor climbs its critic: a trained
+    one nearly everywhere, an untrained one about as often as not)."""
+    import torch
+
+    policy.load(critic)
+    obs = torch.from_numpy(columns["obs"])
+    with torch.no_grad():
+        taken = policy.nets.critic(obs, torch.from_numpy(columns["action"]))
+        policy.load(actor)
+        chosen = policy.nets.policy(obs)
+        policy.load(critic)
+        mine = policy.nets.critic(obs, chosen)
+    return float((mine > taken).float().mean())
 
 
 def assert_refused(client: ReplayClient, base: dict, cases: list) -> None:
