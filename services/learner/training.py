@@ -210,32 +210,34 @@ class Learner:
         self.helpers = threads  # joined on shutdown: none may be inside gRPC when Python exits
         for thread in threads:
             thread.start()
-        waited = busy = 0.0
-        last_checkpoint = time.monotonic()
-        while not self.stop.is_set():
-            if self.config.max_updates and self.update_step >= self.config.max_updates:
-                log.info(
-                    "reached max_updates %d: training stops, parameters still served",
-                    self.update_step,
-                )
-                break
-            started = time.perf_counter()
-            item = self._next(in_turn, batches)
-            if item is None:
-                continue
-            waited += time.perf_counter() - started
-            self.metrics.wait_seconds.inc(time.perf_counter() - started)
-            self._update(*item, priorities)
-            busy += time.perf_counter() - started
-            if self.update_step % 100 == 0:
-                self.metrics.wait_fraction.set(waited / busy if busy else 0.0)
-                waited = busy = 0.0
-            interval = self.config.checkpoint_interval
-            if interval > 0 and time.monotonic() - last_checkpoint > interval:
-                self.checkpoint()
-                last_checkpoint = time.monotonic()
-        priorities.put(None)
-        threads[0].join(10)
+        try:
+            waited = busy = 0.0
+            last_checkpoint = time.monotonic()
+            while not self.stop.is_set():
+                if self.config.max_updates and self.update_step >= self.config.max_updates:
+                    log.info(
+                        "reached max_updates %d: training stops, parameters still served",
+                        self.update_step,
+                    )
+                    break
+                started = time.perf_counter()
+                item = self._next(in_turn, batches)
+                if item is None:
+                    continue
+                waited += time.perf_counter() - started
+                self.metrics.wait_seconds.inc(time.perf_counter() - started)
+                self._update(*item, priorities)
+                busy += time.perf_counter() - started
+                if self.update_step % 100 == 0:
+                    self.metrics.wait_fraction.set(waited / busy if busy else 0.0)
+                    waited = busy = 0.0
+                interval = self.config.checkpoint_interval
+                if interval > 0 and time.monotonic() - last_checkpoint > interval:
+                    self.checkpoint()
+                    last_checkpoint = time.monotonic()
+        finally:  # also when sampling failed: the priority writers end, none waits for more
+            priorities.put(None)
+            threads[0].join(10)
 
     def _next(self, in_turn: Iterator | None, batches: queue.Queue):
         """The next batch to train on, or None (none yet; or stopping)."""

@@ -156,6 +156,39 @@ def test_ppo_asks_for_exactly_the_unrolls_its_batch_lacks(replay_factory):
     assert registry.get_sample_value("apexrl_learner_stale_items_dropped_total") == 4
 
 
+@pytest.mark.parametrize("algorithm", ["ppo", "impala"])
+def test_an_on_policy_learner_stopped_while_its_sample_waits_ends_every_thread(
+    replay_factory, algorithm
+):
+    """An empty queue holds the learner's sample; stopping it (stop, then the replay client
+    closed, as the service's shutdown does) cancels the sample, and the training thread and
+    every helper (the priority writer among them) end: nothing waits for a batch that cannot
+    come. (The priority writer of a learner whose sample was cancelled used to wait for its
+    end-of-work marker forever, holding the learner's exit for its whole grace.)"""
+    config = LearnerConfig(algorithm=algorithm, env="CartPole-v1", batch_size=8)
+    learner, server, _, _ = queue_learner(replay_factory, config)
+    replay = ReplayClient(server.address, timeout=30)
+    trainer = threading.Thread(target=train_quietly, args=(learner, replay), daemon=True)
+    trainer.start()
+    wait_for(lambda: learner.helpers and all(h.is_alive() for h in learner.helpers), 10,
+             "training under way")  # fmt: skip
+    learner.stop.set()
+    replay.close()
+    trainer.join(5)
+    for thread in (trainer, *learner.helpers):
+        thread.join(5)
+        assert not thread.is_alive(), thread.name
+
+
+def train_quietly(learner, replay) -> None:
+    """Learner.train as the service's thread runs it: an error after stop is the stop."""
+    try:
+        learner.train(replay)
+    except Exception:
+        if not learner.stop.is_set():
+            raise
+
+
 def test_impala_publishes_every_publish_interval_updates(replay_factory):
     """impala's actors take the newest version when they pull, so it publishes like dqn, every
     publish_interval updates (ppo publishes every update: its actors wait for each version)."""
