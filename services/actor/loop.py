@@ -269,8 +269,9 @@ class Actor:
         self.builder = builder = algorithms.make(config)
         self.sync = builder.parameter_sync
         self.policy = builder.policy()
-        self.adder = builder.adder(config.num_envs, self.policy)
-        self.columns = builder.columns()
+        # The first adder paces the actor; the others fill their own tables from the same steps.
+        self.adder, *others = builder.adders(config.num_envs, self.policy)
+        self.columns = builder.table_columns(self.adder.table)
         options = EnvOptions.of(config)
         self.envs, self.obs = make_vector_env(config.env, config.num_envs, seed % 2**31, options)
         self.policy.episode_starts(np.ones(config.num_envs, bool))
@@ -278,6 +279,12 @@ class Actor:
             config.replay, table=self.adder.table, timeout=30.0, retry_seconds=1.0, tls=config
         )
         self.buffer = InsertBuffer(replay, config.buffer_limit, metrics, stop)
+        self.others = [
+            Outlet(adder, builder.table_columns(adder.table), InsertBuffer(
+                connect(config.replay, table=adder.table, timeout=30.0, retry_seconds=1.0,
+                        tls=config), config.buffer_limit, metrics, stop))
+            for adder in others
+        ]  # fmt: skip
         # Tries at most 0.1 s apart: an actor that starts before the learner serves (local mode
         # starts every process at once) slept up to 0.6 s past the moment it could have begun.
         learner = LearnerClient(config.learner, retry_seconds=1.0, retry_cap=0.1, tls=config)
@@ -303,13 +310,13 @@ class Actor:
     def ready_to_act(self) -> bool:
         """Takes new parameters where the adder allows; False while the actor must wait (no
         parameters yet, or a version newer than its last item's)."""
-        params = self.puller.take() if self.adder.at_boundary else None
+        params = self.puller.take() if self.at_boundary else None
         if params is not None:
             self.take(params)
         if not self.have_weights:  # nothing to act with yet: wait for the first pull
             self.stop.wait(0.05)
             return False
-        if self.sync.newer_each_item and self.adder.at_boundary and self.version <= self.acted:
+        if self.sync.newer_each_item and self.at_boundary and self.version <= self.acted:
             # This version has had its item; wait for the next, for a while (should the learner
             # lack items of this version, e.g. an actor died, act again).
             self.waiting = self.waiting or time.monotonic()
@@ -320,6 +327,10 @@ class Actor:
                 return False
         self.waiting = 0.0
         return True
+
+    @property
+    def at_boundary(self) -> bool:
+        return self.adder.at_boundary and all(o.adder.at_boundary for o in self.others)
 
     def take(self, params: Parameters) -> None:
         if params.algorithm != self.builder.name:  # acting on them would be nonsense
@@ -352,6 +363,8 @@ class Actor:
         step = Step(obs, actions, extras, np.asarray(learned, np.float32), ends, truncated,
                     next_obs, final_obs, self.version)  # fmt: skip
         items = self.adder.add(step)
+        for outlet in self.others:
+            outlet.add(step, self.policy, config, self.metrics)
         self.obs = next_obs
         if done.any():  # SAME_STEP autoreset: next_obs begins their new episodes
             self.policy.episode_starts(done)
@@ -385,18 +398,42 @@ class Actor:
         m.env_steps.inc(self.config.num_envs)
 
     def insert(self) -> None:
-        pending = self.pending
-        batch = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
-        priorities = self.policy.priorities(batch) + self.config.priority_epsilon
-        packed = pack(batch, self.columns)
-        for value in packed.values():
-            if isinstance(value, Packed):
-                self.metrics.frame_raw_bytes.inc(len(value) * value.item_nbytes)
-                self.metrics.frame_compressed_bytes.inc(int(value.sizes.sum()))
-        self.buffer.put(packed, priorities)
+        insert(self.pending, self.adder, self.policy, self.columns, self.buffer, self.config,
+               self.metrics)  # fmt: skip
         self.pending, self.pending_count = [], 0
 
     def close(self) -> None:
         self.puller.close()
-        self.buffer.close(flush_seconds=5.0)
+        for buffer in [self.buffer, *(outlet.buffer for outlet in self.others)]:
+            buffer.close(flush_seconds=5.0)
         self.envs.close()
+
+
+def insert(pending, adder, policy, columns, buffer: InsertBuffer, config, metrics) -> None:
+    """The adder's pending items to its buffer: one batch, initial priorities, packed."""
+    batch = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
+    priorities = adder.priorities(batch, policy) + config.priority_epsilon
+    packed = pack(batch, columns)
+    for value in packed.values():
+        if isinstance(value, Packed):
+            metrics.frame_raw_bytes.inc(len(value) * value.item_nbytes)
+            metrics.frame_compressed_bytes.inc(int(value.sizes.sum()))
+    buffer.put(packed, priorities)
+
+
+class Outlet:
+    """An adder besides the actor's first: its items, its table's columns, its insert buffer."""
+
+    def __init__(self, adder, columns, buffer: InsertBuffer):
+        self.adder, self.columns, self.buffer = adder, columns, buffer
+        self.pending: list[dict[str, np.ndarray]] = []
+        self.count = 0
+
+    def add(self, step: Step, policy, config: ActorConfig, metrics: ActorMetrics) -> None:
+        items = self.adder.add(step)
+        if items is not None:
+            self.pending.append(items)
+            self.count += len(next(iter(items.values())))
+        if self.pending and (self.adder.insert_at_once or self.count >= config.insert_batch):
+            insert(self.pending, self.adder, policy, self.columns, self.buffer, config, metrics)
+            self.pending, self.count = [], 0

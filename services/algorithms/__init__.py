@@ -28,6 +28,7 @@ ALGORITHMS = {
     "impala": "apexrl.algorithms.impala.builder:IMPALABuilder",
     "ppo": "apexrl.algorithms.ppo.builder:PPOBuilder",
     "nec": "apexrl.algorithms.nec.builder:NECBuilder",
+    "unreal": "apexrl.algorithms.unreal.builder:UNREALBuilder",
     "r2d2": "apexrl.algorithms.r2d2.builder:R2D2Builder",
 }
 

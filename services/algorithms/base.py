@@ -114,6 +114,11 @@ class Adder(ABC):
         """Takes one step of every env; returns the items it completed (columns, batch-major),
         or None."""
 
+    def priorities(self, items: dict[str, np.ndarray], policy: Policy) -> np.ndarray:
+        """Initial priorities [B] of items it made, before the priority epsilon: the policy's,
+        unless the table's sampler reads them otherwise (a class mark, say)."""
+        return policy.priorities(items)
+
 
 class Learning(ABC):
     """The learning half: networks, targets, optimizers, the update step."""
@@ -204,11 +209,25 @@ class Builder(ABC):
     @abstractmethod
     def adder(self, num_envs: int, policy: Policy) -> Adder: ...
 
+    def adders(self, num_envs: int, policy: Policy) -> list[Adder]:
+        """Every adder an actor feeds its steps to, one table each; the first, `adder`'s, paces
+        the actor (its items go first, its parameter changes). Default: `adder` alone."""
+        return [self.adder(num_envs, policy)]
+
+    def table_columns(self, table: str) -> list[Column]:
+        """The columns of `table`'s items (default: columns(), those of adder's table)."""
+        return self.columns()
+
     @abstractmethod
     def policy(self) -> Policy: ...
 
     @abstractmethod
     def dataset(self) -> Dataset: ...
+
+    def auxiliary_datasets(self) -> list[Dataset]:
+        """Tables the learner samples beside dataset()'s, a batch of each per update, their
+        columns under "<table>/<column>" in Learning.update's batch; never prioritized."""
+        return []
 
     @abstractmethod
     def learning(self, config, device: torch.device) -> Learning:

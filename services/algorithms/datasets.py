@@ -8,6 +8,9 @@
   batches are sampled in the training thread, older items dropped and counted, and the learner
   publishes a version after every update (the actors wait for it).
 
+A builder's auxiliary datasets (Builder.auxiliary_datasets: prefetched, never prioritized) give
+a batch each to every update besides the main dataset's.
+
 The learner calls `batches` for raw sampled batches, decodes them, and passes each decoded
 batch (columns, weights, keys) through `gather`, which returns the batch to train on, or None
 while it is still gathering one.
@@ -29,6 +32,7 @@ class Dataset:
     prioritized: bool = True  # write priorities back
     prefetch: bool = True  # sampled ahead of the update step in a thread of the learner's
     publish_every_update: bool = False
+    batch_size: int = 0  # items per batch (0: the learner's batch_size)
 
     def batches(self, replay, batch_size: int, beta: float, stop) -> Iterator:
         raise NotImplementedError

@@ -29,6 +29,7 @@ from apexrl.learner import checkpoint
 from apexrl.learner.metrics import LearnerMetrics
 from apexrl.learner.parameters import ParameterStore
 from apexrl.replay.client import ReplayClient
+from apexrl.replay.sharded import connect
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,13 @@ class Learner:
     ):
         self.config, self.algorithm, self.metrics, self.store = config, algorithm, metrics, store
         self.dataset = algorithm.dataset()
+        self.auxiliary = algorithm.auxiliary_datasets()
+        for dataset in self.auxiliary:
+            if dataset.prioritized or not dataset.prefetch:
+                raise ValueError(
+                    f"auxiliary dataset of table {dataset.table!r}: must be prefetched and not"
+                    " prioritized (a batch of it joins each update's batch)"
+                )
         self.device = pick_device(config.device)
         self.autocast_dtype = autocast_dtype(config.precision, self.device)
         precision = "bfloat16 autocast" if self.autocast_dtype else "float32"
@@ -79,7 +87,7 @@ class Learner:
         if config.seed:
             torch.manual_seed(config.seed)
         self.learning = algorithm.learning(config, self.device)
-        self.columns = {c.name: c for c in algorithm.columns()}
+        self.columns = {c.name: c for c in algorithm.table_columns(self.dataset.table)}
         self.update_step = 0
         self.samples_consumed = 0
         self.stop = threading.Event()
@@ -127,14 +135,15 @@ class Learner:
 
     # --- training ---------------------------------------------------------------------------
 
-    def check_columns(self, columns: dict[str, np.ndarray]) -> None:
+    def check_columns(self, columns: dict[str, np.ndarray], declared=None) -> None:
         """A sampled batch must carry the algorithm's columns (another algorithm's actors, or a
         table filled for another env, would otherwise fail somewhere deep in the loss)."""
         got = {
             name: (np.dtype(a.dtype), tuple(a.item_shape if isinstance(a, Packed) else a.shape[1:]))
             for name, a in columns.items()
         }
-        want = {c.name: (c.dtype, c.shape) for c in self.columns.values()}
+        declared = self.columns.values() if declared is None else declared
+        want = {c.name: (c.dtype, c.shape) for c in declared}
         if got != want:
             raise ValueError(
                 f"replay columns {got} are not algorithm {self.algorithm.name}'s {want}"
@@ -144,7 +153,7 @@ class Learner:
         """The replay's table must be the one the algorithm declares (sampler, remover,
         max_times_sampled, rate limiter, and the columns once it has a signature): a mismatch
         is a configuration error naming the table and the setting."""
-        want = {t.name: t for t in self.algorithm.tables()}[self.dataset.table]
+        want = {t.name: t for t in self.algorithm.tables()}[info.name]
         got = {
             "sampler": info.sampler, "remover": info.remover,
             "max_times_sampled": info.max_times_sampled, "rate_limiter": info.rate_limiter,
@@ -159,18 +168,19 @@ class Learner:
         columns = {(c.name, dtype_from_proto(c.dtype, c.name), tuple(c.shape), c.codec)
                    for c in info.signature}  # fmt: skip
         needed = {(c.name, np.dtype(c.dtype), tuple(c.shape), codec_to_proto(c.codec))
-                  for c in self.columns.values()}  # fmt: skip
+                  for c in self.algorithm.table_columns(info.name)}  # fmt: skip
         if columns and columns != needed:
             raise ValueError(
                 f"replay table {info.name!r}: signature {want.signature!r} is what algorithm"
                 f" {self.algorithm.name} inserts; the table's columns differ"
             )
 
-    def decode(self, batch) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    def decode(self, batch, declared=None) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """A sampled batch's transition fields (frames decompressed), weights and keys; items
         whose frames do not decode are dropped, counted and logged (the first time)."""
         started = time.perf_counter()
-        columns, ok = unpack(batch.columns, list(self.columns.values()))
+        declared = list(self.columns.values()) if declared is None else declared
+        columns, ok = unpack(batch.columns, declared)
         self.metrics.decode_seconds.inc(time.perf_counter() - started)
         weights, keys = batch.weights, batch.keys
         if not ok.all():
@@ -182,8 +192,10 @@ class Learner:
             weights, keys = weights[ok], keys[ok]
         return columns, weights, keys
 
-    def to_device(self, batch) -> tuple[dict[str, torch.Tensor], torch.Tensor, np.ndarray]:
-        columns, weights, keys = self.decode(batch)
+    def to_device(
+        self, batch, declared=None
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, np.ndarray]:
+        columns, weights, keys = self.decode(batch, declared)
         pin = self.device.type == "cuda"
 
         def move(array: np.ndarray) -> torch.Tensor:
@@ -207,37 +219,64 @@ class Learner:
             )
         else:
             in_turn = self._decoded(self._sample(replay))
+        auxiliary = self._auxiliary(threads)
         self.helpers = threads  # joined on shutdown: none may be inside gRPC when Python exits
         for thread in threads:
             thread.start()
         try:
-            waited = busy = 0.0
-            last_checkpoint = time.monotonic()
-            while not self.stop.is_set():
-                if self.config.max_updates and self.update_step >= self.config.max_updates:
-                    log.info(
-                        "reached max_updates %d: training stops, parameters still served",
-                        self.update_step,
-                    )
-                    break
-                started = time.perf_counter()
-                item = self._next(in_turn, batches)
-                if item is None:
-                    continue
-                waited += time.perf_counter() - started
-                self.metrics.wait_seconds.inc(time.perf_counter() - started)
-                self._update(*item, priorities)
-                busy += time.perf_counter() - started
-                if self.update_step % 100 == 0:
-                    self.metrics.wait_fraction.set(waited / busy if busy else 0.0)
-                    waited = busy = 0.0
-                interval = self.config.checkpoint_interval
-                if interval > 0 and time.monotonic() - last_checkpoint > interval:
-                    self.checkpoint()
-                    last_checkpoint = time.monotonic()
+            self._train(in_turn, batches, priorities, auxiliary)
         finally:  # also when sampling failed: the priority writers end, none waits for more
             priorities.put(None)
             threads[0].join(10)
+            for _, client, _ in auxiliary:
+                client.close()  # ends their prefetch streams
+
+    def _auxiliary(self, threads: list) -> list:
+        """(dataset, client, batches) of each auxiliary dataset, its table checked and its
+        prefetch thread added to `threads`."""
+        auxiliary = []
+        for dataset in self.auxiliary:
+            client = connect(self.config.replay, table=dataset.table, timeout=30.0,
+                             retry_seconds=None, tls=self.config)  # fmt: skip
+            try:
+                self.check_table(client.info())
+            except Exception:
+                for opened in [client, *(other for _, other, _ in auxiliary)]:
+                    opened.close()
+                raise
+            batches: queue.Queue = queue.Queue(maxsize=self.config.prefetch)
+            args = (client, batches, dataset, self.algorithm.table_columns(dataset.table))
+            threads.append(threading.Thread(target=self._prefetch, args=args, daemon=True))
+            auxiliary.append((dataset, client, batches))
+        return auxiliary
+
+    def _train(self, in_turn, batches: queue.Queue, priorities: queue.Queue, auxiliary) -> None:
+        waited = busy = 0.0
+        last_checkpoint = time.monotonic()
+        while not self.stop.is_set():
+            if self.config.max_updates and self.update_step >= self.config.max_updates:
+                log.info(
+                    "reached max_updates %d: training stops, parameters still served",
+                    self.update_step,
+                )
+                break
+            started = time.perf_counter()
+            item = self._next(in_turn, batches)
+            if item is not None and auxiliary:
+                item = self._join(item, auxiliary)
+            if item is None:
+                continue
+            waited += time.perf_counter() - started
+            self.metrics.wait_seconds.inc(time.perf_counter() - started)
+            self._update(*item, priorities)
+            busy += time.perf_counter() - started
+            if self.update_step % 100 == 0:
+                self.metrics.wait_fraction.set(waited / busy if busy else 0.0)
+                waited = busy = 0.0
+            interval = self.config.checkpoint_interval
+            if interval > 0 and time.monotonic() - last_checkpoint > interval:
+                self.checkpoint()
+                last_checkpoint = time.monotonic()
 
     def _next(self, in_turn: Iterator | None, batches: queue.Queue):
         """The next batch to train on, or None (none yet; or stopping)."""
@@ -255,6 +294,24 @@ class Learner:
         item, dropped = self.dataset.gather(item, self.store.version)
         self.metrics.stale_items.inc(dropped)
         return item
+
+    def _join(self, item, auxiliary):
+        """The batch to train on with a batch of each auxiliary table joined to its columns as
+        "<table>/<column>"; None if training stops first."""
+        columns, weights, keys = item
+        for dataset, _, batches in auxiliary:
+            while True:
+                if self.stop.is_set():
+                    return None
+                try:
+                    extra = batches.get(timeout=0.5)
+                    break
+                except queue.Empty:
+                    continue
+            if isinstance(extra, BaseException):
+                raise extra
+            columns = columns | {f"{dataset.table}/{k}": v for k, v in extra[0].items()}
+        return columns, weights, keys
 
     def _update(self, columns, weights, keys, priorities: queue.Queue) -> None:
         if "version" in columns:  # items that carry their version: how far behind they were
@@ -282,24 +339,27 @@ class Learner:
         m.weight_mean.set(float(weights.mean()))
         m.weight_min.set(float(weights.min()))
 
-    def _decoded(self, sampled: Iterator) -> Iterator:
+    def _decoded(self, sampled: Iterator, declared=None) -> Iterator:
         """Sampled batches as tensors on the device (to_device); the first one's columns
         checked; a batch whose every item's frames were damaged skipped."""
         checked = False
         for batch in sampled:
             if not checked:
-                self.check_columns(batch.columns)
+                self.check_columns(batch.columns, declared)
                 checked = True
-            item = self.to_device(batch)
+            item = self.to_device(batch, declared)
             if len(item[2]):
                 yield item
 
-    def _sample(self, replay: ReplayClient) -> Iterator:
-        return self.dataset.batches(replay, self.config.batch_size, self.config.beta, self.stop)
+    def _sample(self, replay: ReplayClient, dataset=None) -> Iterator:
+        dataset = dataset or self.dataset
+        size = dataset.batch_size or self.config.batch_size
+        return dataset.batches(replay, size, self.config.beta, self.stop)
 
-    def _prefetch(self, replay: ReplayClient, batches: queue.Queue) -> None:
+    def _prefetch(self, replay: ReplayClient, batches: queue.Queue, dataset=None,
+                  declared=None) -> None:  # fmt: skip
         try:
-            for item in self._decoded(self._sample(replay)):
+            for item in self._decoded(self._sample(replay, dataset), declared):
                 while not self.stop.is_set():
                     try:
                         batches.put(item, timeout=0.5)
@@ -308,9 +368,13 @@ class Learner:
                         continue
                 if self.stop.is_set():
                     return
-        except Exception as err:  # surfaced in the training thread
-            if not self.stop.is_set():
-                batches.put(err)
+        except Exception as err:  # surfaced in the training thread, if it still reads them
+            while not self.stop.is_set():
+                try:
+                    batches.put(err, timeout=0.5)
+                    return
+                except queue.Full:
+                    continue
 
     def _write_priorities(self, replay: ReplayClient, priorities: queue.Queue) -> None:
         """Writes priorities back until `priorities` yields None (see write_priorities)."""

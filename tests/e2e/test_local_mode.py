@@ -166,8 +166,14 @@ def test_local_mode_stops_every_child_on_sigint(tmp_path):
         wait_for(
             lambda: csv.exists() and len(csv.read_text().splitlines()) > 2, 120, "progress rows"
         )
-        # local + 6 services (the evaluator starts once an actor has stepped)
+        # local + 6 services; the evaluator starts once an actor has stepped (its imports
+        # would delay that step on a small machine). psutil's start times rest on the boot
+        # time in whole seconds: 1 s of slack, still well short of the imports before a step.
         wait_for(lambda: len(leftover_processes(str(run_dir))) >= 7, 60, "every service")
+        (evaluator,) = [p for p in leftover_processes(str(run_dir)) if "evaluator" in p.cmdline()]
+        steps = [metric(read_ready_file(run_dir / "ready" / f"actor-{i}.json")["metrics_port"],
+                        "apexrl_actor_first_step_timestamp_seconds") for i in (0, 1)]  # fmt: skip
+        assert evaluator.create_time() > min(s for s in steps if s > 0) - 1.0
         for shard in (0, 1):  # each shard's own ready file gives its metrics port
             ready = read_ready_file(run_dir / "ready" / f"replay-{shard}.json")
             wait_for(lambda p=ready["metrics_port"]: metric(p, "apexrl_replay_size") > 0, 60,

@@ -32,6 +32,12 @@ class IMPALALearning(UnrollLearning):
                 logits, actions, values, targets, config.value_cost, config.entropy_cost,
                 start, clip, config.normalize_advantages,
             )  # fmt: skip
-            self.step(loss)
+            extra, extra_figures = self.auxiliary(batch)
+            figures |= extra_figures | {"loss": (loss + extra).detach()}
+            self.step(loss + extra)
         figures = {k: float(v) for k, v in figures.items()}
         return None, figures | {"value_mean": float(values.detach().mean())}
+
+    def auxiliary(self, batch) -> tuple[torch.Tensor | float, dict[str, torch.Tensor]]:
+        """Losses added to each pass's, and their figures (none here)."""
+        return 0.0, {}
