@@ -5,9 +5,10 @@
 
 Builds R2D2's learning through its builder (local mode's presets for the env, or with --paper the
 paper's: sequences of 80 with a burn-in of 40, an LSTM of 512, batches of 64) on --device (auto:
-CUDA when present), feeds it random sequences already on the device, and prints one JSON line:
-updates per second and sequence-steps per second (the paper's figure: 25,600 on one GPU). The
-burn-in steps are counted, as the paper counts them. Prints figures, asserts nothing.
+CUDA when present) with one torch thread, as the learner has by default (--threads), feeds it
+random sequences already on the device, and prints one JSON line: updates per second and
+sequence-steps per second (the paper's figure: 25,600 on one GPU). The burn-in steps are
+counted, as the paper counts them. Prints figures, asserts nothing.
 """
 
 import argparse
@@ -49,7 +50,9 @@ def main() -> None:
     parser.add_argument("--paper", action="store_true", help="the paper's sizes, batch 64")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the learner's)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     builder_class = algorithms.get("r2d2")
     presets = builder_class.presets(args.env)
     settings = builder_class.Settings(
