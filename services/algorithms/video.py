@@ -114,6 +114,7 @@ def record_episode(
     total, steps, done = 0.0, 0, False
     try:
         obs, _ = env.reset(seed=seed)
+        policy.episode_starts(np.ones(1, bool))
         while not done:
             action = policy.act(np.asarray(obs)[None], exploration, rng)[0]
             obs, reward, terminated, truncated, _ = env.step(action)

@@ -181,6 +181,9 @@ gym.register("FrameCounter-v0", entry_point=Counter)
 
 
 class Constant:
+    def episode_starts(self, starts):
+        pass
+
     def act(self, obs, exploration, rng):
         return np.zeros(len(obs), np.int64)
 
