@@ -28,7 +28,5 @@ def test_refused_with_one_line_and_no_service_started(tmp_path, capsys, flags, m
     assert out == ""
     assert err.startswith("apexrl local: error: " + message.format(blocker=blocker))
     assert len(err.strip().splitlines()) == 1
-    assert not (tmp_path / "run" / "ready").exists() or not any(
-        (tmp_path / "run" / "ready").iterdir()
-    )
+    assert not list((tmp_path / "run").glob("logs/*.log"))  # a service's log: it was started
     assert blocker.read_text() == "not a folder"
