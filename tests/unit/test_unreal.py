@@ -256,3 +256,48 @@ def test_bad_settings_are_refused_naming_them():
         make(experience_steps=19, sequence_length=20)
     with pytest.raises(ValueError, match="^pc_lambda: pixel control needs image observations"):
         make(pc_lambda=0.05)
+
+
+def test_pong_experience_fills_each_table_and_comes_back_exact():
+    """The adders of unreal on Pong (pixel control on) fed by a real vector env: each table's
+    items, packed as the actor packs them (frames once per step, compressed), fit the table's
+    signature and come back from the replay as they went in."""
+    pytest.importorskip("ale_py")
+    from apexrl.algorithms.columns import pack, unpack
+    from apexrl.algorithms.envs import make_vector_env
+    from apexrl.replay.signature import parse_signature
+    from apexrl.replay.table import Table
+
+    config = LearnerConfig(
+        algorithm="unreal", env="ALE/Pong-v5", algo=Settings(unroll_length=4, sequence_length=3)
+    )
+    builder = algorithms.make(config)
+    policy = builder.policy()
+    adders = builder.adders(2, policy)
+    assert [a.table for a in adders] == ["default", "experience", "rewards"]
+    envs, obs = make_vector_env("ALE/Pong-v5", 2, seed=3)
+    rng = np.random.default_rng(0)
+    made: dict[str, list] = {a.table: [] for a in adders}
+    for _ in range(6):
+        actions, extras = policy.step(obs, 1.0, rng)
+        next_obs, rewards, terminated, truncated, _ = envs.step(actions)
+        step = Step(obs, actions, extras, rewards.astype(np.float32), terminated, truncated,
+                    next_obs, next_obs, 1)  # fmt: skip
+        for adder in adders:
+            if (items := adder.add(step)) is not None:
+                made[adder.table].append(items)
+        obs = next_obs
+    envs.close()
+    signatures = {t.name: t.signature for t in builder.tables()}
+    for adder in adders:
+        columns = builder.table_columns(adder.table)
+        items = {k: np.concatenate([i[k] for i in made[adder.table]]) for k in made[adder.table][0]}
+        signature = parse_signature(signatures[adder.table])
+        table = Table(adder.table, 64, sampler="uniform", signature=signature, seed=0)
+        table.insert(pack(items, columns), adder.priorities(items, policy).astype(np.float64))
+        n = len(items["observations"])
+        sampled = table.sample(n, 0.0)
+        out, ok = unpack(sampled.columns, columns)
+        assert ok.all()
+        for name, value in items.items():
+            np.testing.assert_array_equal(out[name], value[sampled.keys], err_msg=name)
