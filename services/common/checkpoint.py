@@ -44,18 +44,26 @@ dtype (big-endian, object, structured, ...) is refused. JSON floats are written 
 Python's repr, which round-trips float64 exactly; NaN and infinities are refused.
 
 Reading checks the magic, the header sha256, the format, version and kind, the file
-length, every array's descriptor and every array's sha256, and raises CorruptCheckpoint
-on any mismatch. Array bytes are read straight into freshly allocated arrays of an
-allowed dtype: nothing is ever unpickled.
+length, every array's descriptor and sha256 and that the gaps are zero bytes (so that no
+byte of the file goes unchecked), and raises CorruptCheckpoint, naming the file, on any
+mismatch. Array bytes are read straight into freshly allocated arrays of an allowed dtype:
+nothing is ever unpickled.
+
+Crash tests: with APEXRL_CHECKPOINT_KILL_AT=N in its environment, a process kills itself
+with SIGKILL at the Nth crash point of its checkpoint writes (counted over the process's
+life). A crash point lies before every file operation of a write (unlink, create, write,
+fsync, close, rename) and after the last one; unset, each costs one comparison.
 """
 
 import errno
 import hashlib
+import itertools
 import json
 import logging
 import math
 import os
 import re
+import signal
 import struct
 import tempfile
 import time
@@ -84,6 +92,30 @@ _KIND = re.compile(r"[A-Za-z0-9_]{1,64}")
 _TMP_SUFFIX = ".tmp"
 
 T = TypeVar("T")
+
+KILL_AT_ENV = "APEXRL_CHECKPOINT_KILL_AT"
+
+
+def _kill_at(environ: Mapping[str, str]) -> int:
+    raw = environ.get(KILL_AT_ENV, "")
+    if not raw:
+        return 0
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{KILL_AT_ENV} must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+_KILL_AT = _kill_at(os.environ)
+_crash_points = itertools.count(1)
+# Files newest_readable found damaged: a write deletes them before counting the `keep`
+# newest, or a damaged newest file would push a readable one out.
+_damaged: set[Path] = set()
+
+
+def _crash_point() -> None:
+    """SIGKILLs this process at the crash point APEXRL_CHECKPOINT_KILL_AT names."""
+    if _KILL_AT and next(_crash_points) == _KILL_AT:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class CorruptCheckpoint(ValueError):
@@ -194,11 +226,12 @@ def write_checkpoint(
     """Writes meta and arrays durably as the next checkpoint of this kind; returns
     (path, size in bytes).
 
-    Then deletes all but the newest `keep` checkpoints of this kind. meta must be a JSON
-    object (str keys; no NaN); arrays must have wire dtypes (ValueError otherwise, before
-    anything is written). If writing fails (OSError, e.g. ENOSPC), the temporary file is
-    removed, older checkpoints are untouched and the error propagates. Meant for a worker
-    thread: the arrays must not change meanwhile (pass copies).
+    Then deletes all but the newest `keep` checkpoints of this kind (and those this process
+    found damaged). meta must be a JSON object (str keys; no NaN); arrays must have wire
+    dtypes (ValueError otherwise, before anything is written). If writing fails (OSError,
+    e.g. ENOSPC), the temporary file is removed, older checkpoints are untouched and the
+    error propagates. Meant for a worker thread: the arrays must not change meanwhile (pass
+    copies).
     """
     _check_kind(kind)
     if keep < 1:
@@ -211,6 +244,7 @@ def write_checkpoint(
     tmp_prefix = f".{kind}-"
     # Leftovers of a writer that crashed: they could fill the disk. Single writer only.
     for leftover in directory.glob(f"{tmp_prefix}*{_TMP_SUFFIX}"):
+        _crash_point()
         with suppress(FileNotFoundError):
             leftover.unlink()
 
@@ -221,32 +255,46 @@ def write_checkpoint(
     path = directory / f"{kind}-{sequence:012d}.ckpt"
     header, body = _layout(kind, meta, arrays, sequence)
 
+    pieces = [_PREFIX.pack(MAGIC, len(header)), header, hashlib.sha256(header).digest()]
+    position = 0
+    for offset, array in body:
+        if offset > position:
+            pieces.append(b"\0" * (offset - position))
+        pieces.append(_raw(array))
+        position = offset + array.nbytes
+    _crash_point()
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=tmp_prefix, suffix=_TMP_SUFFIX)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(_PREFIX.pack(MAGIC, len(header)))
-            f.write(header)
-            f.write(hashlib.sha256(header).digest())
-            position = 0
-            for offset, array in body:
-                f.write(b"\0" * (offset - position))
-                f.write(_raw(array))
-                position = offset + array.nbytes
-            f.flush()
+            for piece in pieces:
+                _crash_point()
+                f.write(piece)
+                f.flush()  # each piece in the file before the next crash point
+            _crash_point()
             os.fsync(f.fileno())
             size = f.tell()
+            _crash_point()
+        _crash_point()
         os.replace(tmp, path)
     except BaseException:
         with suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    _crash_point()
     _fsync_directory(directory)
 
-    for _, old in checkpoints(directory, kind)[:-keep]:
+    found = [p for _, p in checkpoints(directory, kind)]
+    kept = [p for p in found if p.resolve() not in _damaged][-keep:]
+    for old in found:
+        if old in kept:
+            continue
+        _crash_point()
         try:
             old.unlink()
+            _damaged.discard(old.resolve())
         except OSError as err:  # the new checkpoint is safe; pruning can wait
             log.warning("could not delete old checkpoint %s: %s", old, err)
+    _crash_point()
     return path, size
 
 
@@ -255,6 +303,13 @@ def write_checkpoint(
 
 def _is_count(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _check_gap(f, start: int, stop: int) -> None:
+    """The padding between two arrays is zero bytes (it has no checksum of its own)."""
+    f.seek(start)
+    if stop < start or f.read(stop - start).strip(b"\0"):
+        raise CorruptCheckpoint(f"padding bytes [{start}, {stop}) are not zero")
 
 
 def _read_array(f, desc: dict, body_start: int, body_nbytes: int, what: str) -> np.ndarray:
@@ -281,47 +336,56 @@ def _read_array(f, desc: dict, body_start: int, body_nbytes: int, what: str) -> 
 
 
 def read_checkpoint(path: str | os.PathLike, kind: str) -> tuple[dict, dict[str, np.ndarray]]:
-    """(meta, arrays) of one checkpoint file; CorruptCheckpoint if it is damaged or of
-    another kind."""
+    """(meta, arrays) of one checkpoint file; CorruptCheckpoint naming the file if it is
+    damaged or of another kind."""
     _check_kind(kind)
     with open(path, "rb") as f:
-        file_size = os.fstat(f.fileno()).st_size
-        prefix = f.read(_PREFIX.size)
-        if len(prefix) < _PREFIX.size:
-            raise CorruptCheckpoint(f"truncated: {file_size} bytes")
-        magic, header_size = _PREFIX.unpack(prefix)
-        if magic != MAGIC:
-            raise CorruptCheckpoint(f"bad magic {magic!r}")
-        body_start = _PREFIX.size + header_size + _DIGEST_SIZE
-        if body_start > file_size:
-            raise CorruptCheckpoint(f"truncated: {file_size} bytes, header needs {body_start}")
-        header = f.read(header_size)
-        if hashlib.sha256(header).digest() != f.read(_DIGEST_SIZE):
-            raise CorruptCheckpoint("header sha256 mismatch")
         try:
-            head = json.loads(header.decode("utf-8"))
-            if head["format"] != FORMAT or head["version"] != VERSION:
-                raise CorruptCheckpoint(f"unknown format {head['format']!r} v{head['version']}")
-            if head["kind"] != kind:
-                raise CorruptCheckpoint(f"kind {head['kind']!r}, expected {kind!r}")
-            body_nbytes = head["body_nbytes"]
-            if file_size != body_start + body_nbytes:
-                raise CorruptCheckpoint(
-                    f"{file_size} bytes, header says {body_start + body_nbytes} (truncated?)"
-                )
-            meta = head["meta"]
-            if not isinstance(meta, dict):
-                raise CorruptCheckpoint(f"meta is a {type(meta).__name__}, not an object")
-            arrays = {
-                name: _read_array(f, desc, body_start, body_nbytes, f"array {name!r}")
-                for name, desc in head["arrays"].items()
-            }
-            return meta, arrays
-        except CorruptCheckpoint:
-            raise
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
-            # Only reachable through a header that passed its checksum: a writer bug.
-            raise CorruptCheckpoint(f"malformed header: {err!r}") from err
+            return _read(f, kind)
+        except CorruptCheckpoint as err:
+            raise CorruptCheckpoint(f"checkpoint {path}: {err}") from None
+
+
+def _read(f, kind: str) -> tuple[dict, dict[str, np.ndarray]]:
+    file_size = os.fstat(f.fileno()).st_size
+    prefix = f.read(_PREFIX.size)
+    if len(prefix) < _PREFIX.size:
+        raise CorruptCheckpoint(f"truncated: {file_size} bytes")
+    magic, header_size = _PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        raise CorruptCheckpoint(f"bad magic {magic!r}")
+    body_start = _PREFIX.size + header_size + _DIGEST_SIZE
+    if body_start > file_size:
+        raise CorruptCheckpoint(f"truncated: {file_size} bytes, header needs {body_start}")
+    header = f.read(header_size)
+    if hashlib.sha256(header).digest() != f.read(_DIGEST_SIZE):
+        raise CorruptCheckpoint("header sha256 mismatch")
+    try:
+        head = json.loads(header.decode("utf-8"))
+        if head["format"] != FORMAT or head["version"] != VERSION:
+            raise CorruptCheckpoint(f"unknown format {head['format']!r} v{head['version']}")
+        if head["kind"] != kind:
+            raise CorruptCheckpoint(f"kind {head['kind']!r}, expected {kind!r}")
+        body_nbytes = head["body_nbytes"]
+        if file_size != body_start + body_nbytes:
+            raise CorruptCheckpoint(
+                f"{file_size} bytes, header says {body_start + body_nbytes} (truncated?)"
+            )
+        meta = head["meta"]
+        if not isinstance(meta, dict):
+            raise CorruptCheckpoint(f"meta is a {type(meta).__name__}, not an object")
+        arrays, end = {}, 0
+        for name, desc in head["arrays"].items():
+            _check_gap(f, body_start + end, body_start + desc["offset"])
+            arrays[name] = _read_array(f, desc, body_start, body_nbytes, f"array {name!r}")
+            end = desc["offset"] + desc["nbytes"]
+        _check_gap(f, body_start + end, body_start + body_nbytes)
+        return meta, arrays
+    except CorruptCheckpoint:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        # Only reachable through a header that passed its checksum: a writer bug.
+        raise CorruptCheckpoint(f"malformed header: {err!r}") from err
 
 
 def newest_readable(
@@ -330,7 +394,8 @@ def newest_readable(
     """(path, read(path)) for the newest checkpoint of this kind that `read` accepts.
 
     A checkpoint for which `read` raises CorruptCheckpoint is skipped with a warning
-    naming the file and why, and the next older one tried; when every one is rejected,
+    naming the file and why, and the next older one tried (this process's next write
+    deletes the skipped one rather than a readable one); when every one is rejected,
     an error is logged and None returned. None, silently, when there are none. For
     services that decode (meta, arrays) further: their decoding errors count as damage.
     """
@@ -339,7 +404,8 @@ def newest_readable(
         try:
             return path, read(path)
         except CorruptCheckpoint as err:
-            log.warning("skipping damaged checkpoint %s (%s): trying the previous one", path, err)
+            log.warning("skipping damaged %s: trying the previous one", err)
+            _damaged.add(path.resolve())
     if found:
         log.error("no readable checkpoint among %d in %s", len(found), directory)
     return None

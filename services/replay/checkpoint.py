@@ -196,15 +196,16 @@ def write_checkpoint(
 
 
 def read_checkpoint(path: str | os.PathLike) -> list[TableState]:
-    """The table states in one checkpoint file; CorruptCheckpoint if it is damaged."""
+    """The table states in one checkpoint file; CorruptCheckpoint naming the file if it is
+    damaged."""
     meta, arrays = generic.read_checkpoint(path, KIND)
     try:
         return _decode(meta, arrays)
-    except CorruptCheckpoint:
-        raise
+    except CorruptCheckpoint as err:
+        raise CorruptCheckpoint(f"checkpoint {path}: {err}") from None
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         # Only reachable through a header that passed its checksum: a writer bug.
-        raise CorruptCheckpoint(f"malformed header: {err!r}") from err
+        raise CorruptCheckpoint(f"checkpoint {path}: malformed header: {err!r}") from err
 
 
 def load_newest(directory: str | os.PathLike) -> tuple[Path, list[TableState]] | None:

@@ -288,6 +288,51 @@ def test_leftover_temp_files_are_removed(tmp_path):
     assert list(tmp_path.iterdir()) == [path]
 
 
+def test_every_cut_and_every_flipped_bit_is_refused_naming_the_file(tmp_path):
+    # Odd sizes: every array is followed by padding, which no array checksum covers.
+    arrays = {"a": np.arange(3, dtype=np.float32), "b": np.array(True), "c": np.arange(5.0)}
+    old_path, _ = generic.write_checkpoint(tmp_path, KIND, {"n": 1}, arrays)
+    path, _ = generic.write_checkpoint(tmp_path, KIND, {"n": 2}, arrays)
+    intact = path.read_bytes()
+    accepted = []
+    damaged = [intact[:cut] for cut in range(len(intact))]
+    damaged += [
+        intact[:i] + bytes([intact[i] ^ (1 << bit)]) + intact[i + 1 :]
+        for i in range(len(intact))
+        for bit in range(8)
+    ]
+    with open(path, "r+b", buffering=0) as f:  # rewritten in place: replacing it is slow
+        for data in damaged:
+            f.seek(0)
+            f.write(data)
+            f.truncate(len(data))
+            try:
+                generic.read_checkpoint(path, KIND)
+                accepted.append(data)
+            except CorruptCheckpoint as err:
+                assert str(path) in str(err)
+    assert accepted == []  # the last flip stays: the previous one is restored
+    assert generic.load_newest(tmp_path, KIND)[:2] == (old_path, {"n": 1})
+
+
+def test_a_damaged_newest_checkpoint_never_pushes_a_readable_one_out(tmp_path):
+    paths = [generic.write_checkpoint(tmp_path, KIND, {"n": n}, {})[0] for n in (1, 2)]
+    _flip_header_bit(paths[1])
+    assert generic.load_newest(tmp_path, KIND)[:2] == (paths[0], {"n": 1})
+    newer, _ = generic.write_checkpoint(tmp_path, KIND, {"n": 3}, {})
+    # Kept: the newest two readable ones; the damaged one is gone.
+    assert sorted(tmp_path.iterdir()) == [paths[0], newer]
+    _truncate(newer)  # the newest damaged too: the first one is still there to fall back to
+    assert generic.load_newest(tmp_path, KIND)[:2] == (paths[0], {"n": 1})
+
+
+@pytest.mark.parametrize("value", ["x", "0", "-1", "1.5", " 3"])
+def test_kill_at_setting_must_be_a_positive_integer(value):
+    with pytest.raises(ValueError, match=generic.KILL_AT_ENV):
+        generic._kill_at({generic.KILL_AT_ENV: value})
+    assert generic._kill_at({}) == 0 and generic._kill_at({generic.KILL_AT_ENV: "7"}) == 7
+
+
 def _forge_header(path, old: bytes, new: bytes) -> None:
     """Edits the header and recomputes its sha256, as a malicious writer could."""
     data = path.read_bytes()
