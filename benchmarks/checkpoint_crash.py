@@ -157,12 +157,13 @@ class ReplayChain:
         self.candidates: dict[str, str] = {}  # outcome -> table digest
         self.inserted = 0
         self.kill_at = 0  # the crash point of the process that checkpointed last
+        self.crashes = True  # False: files are damaged on purpose, not torn by a crash
 
     def start(self, kill_at: int = 0, batch: int = 50) -> tuple[Service, ReplayClient]:
         """A process restored from the directory, checked against the candidates, then
         given an insert and a sample and `batch` more items: the state it will checkpoint."""
         crashed = tmp_left(self.ckpt) if self.ckpt.exists() else False
-        torn = torn_files(self.ckpt, "replay") if self.ckpt.exists() else []
+        torn = torn_files(self.ckpt, "replay") if self.ckpt.exists() and self.crashes else []
         service = Service(self.workdir, "replay", self.flags, kill_at)
         client = ReplayClient(service.address, timeout=60, retry_seconds=30)
         restored = digest(client)
@@ -380,6 +381,7 @@ def damage(workdir: Path, trials: int, server_every: int, results: Results, rng)
     service.kill()
     (_, older_path), (_, newest) = replay_checkpoint.checkpoints(chain.ckpt)
     chain.part = "damage-restart"  # what the restarted processes restore
+    chain.crashes = False
     intact = newest.read_bytes()
     hows = Counter()
     for trial in range(trials):
