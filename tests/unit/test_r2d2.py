@@ -12,7 +12,7 @@ from apexrl.algorithms.columns import pack, unpack
 from apexrl.algorithms.envs import MASKED_CARTPOLE, EnvSpec, make_env
 from apexrl.algorithms.evaluation import evaluate
 from apexrl.algorithms.networks import MLPTorso
-from apexrl.algorithms.r2d2.builder import sequence_columns
+from apexrl.algorithms.r2d2.builder import CARTPOLE, sequence_columns
 from apexrl.algorithms.r2d2.losses import (
     nstep_returns,
     priority_mix,
@@ -21,7 +21,10 @@ from apexrl.algorithms.r2d2.losses import (
     unroll_with_burn_in,
 )
 from apexrl.algorithms.r2d2.networks import RecurrentQNetwork
+from apexrl.common.errors import InvalidArgument
 from apexrl.config import LearnerConfig
+from apexrl.replay.signature import parse_signature
+from apexrl.replay.table import Table
 
 
 def test_value_rescaling_by_hand_and_round_trip():
@@ -204,3 +207,26 @@ def test_stacked_frames_travel_once_per_step_and_come_back_as_the_adder_made_the
     unpacked, ok = unpack(packed, columns)
     assert ok.all()
     np.testing.assert_array_equal(unpacked["observations"], batch["observations"])
+
+
+@pytest.mark.parametrize(
+    ("column", "shape", "dtype"),
+    [("actions", (2, 19), np.int64), ("observations", (2, 20, 2), np.float32),
+     ("state", (2, 64), np.float32)],
+)  # fmt: skip
+def test_the_replay_refuses_a_sequence_of_another_length_or_state_naming_the_column(
+    column, shape, dtype
+):
+    """The table r2d2 declares (the presets' 20 steps, a state of 2 x 64) against inserts whose
+    columns disagree with it: refused naming the column, nothing stored."""
+    config = LearnerConfig(algorithm="r2d2", env=MASKED_CARTPOLE,
+                           algo=algorithms.get("r2d2").Settings(**CARTPOLE["r2d2"]))  # fmt: skip
+    (declared,) = algorithms.make(config).tables()
+    table = Table("default", 8, signature=parse_signature(declared.signature))
+    good = {c.name: np.zeros((2, *c.shape), c.dtype) for c in algorithms.make(config).columns()}
+    table.insert(good, np.ones(2))
+    digest = table.digest()
+    with pytest.raises(InvalidArgument) as refused:
+        table.insert({**good, column: np.zeros(shape, dtype)}, np.ones(2))
+    assert refused.value.field == f'batch.columns["{column}"]'
+    assert table.digest() == digest
