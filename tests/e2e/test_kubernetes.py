@@ -10,8 +10,8 @@ learner's update count advances); scaled from 1 to 3 actors, all 3 step and the 
 ladder is re-spread over 3; scaled from 1 replay shard to 2, the new shard (empty) takes
 inserts and is sampled, scaled back to 1 it writes its checkpoint and its volume stays while
 training goes on with shard 0, scaled to 2 again it restores its items from that volume and
-is sampled again; every alert expression and dashboard query has data; every pod stops with
-exit code 0 and nothing is left.
+is sampled again; every alert expression and dashboard query has data; the autoscaling query
+has a value from the pods; every pod stops with exit code 0 and nothing is left.
 
 What podman does not run, so this test does NOT show it works (see the adapter's docstring):
 - Probes: the adapter removes every startup, readiness and liveness probe (podman never runs
@@ -27,8 +27,9 @@ What podman does not run, so this test does NOT show it works (see the adapter's
   controller would (replay-0, host name replay-0, its own volume checkpoints-replay-0, kept
   when the pod goes); the test scales by playing or `kube down`ing the highest ordinal. No
   controller: nothing recreates a deleted pod, and a rolling update is not run here.
-- NetworkPolicies (also ServiceAccounts, the Namespace): not created, so not enforced; every
-  pod reaches every other pod and the host.
+- NetworkPolicies (also ServiceAccounts, PodDisruptionBudgets, the Namespace and its Pod
+  Security labels): not created, so not enforced; every pod reaches every other pod and the
+  host.
 - Replicas: the manifest runs 4 actors; the test runs 1, then 3 (2 shared cores), so the ladder
   over 4 is not run here. No scheduler: requests place nothing (limits are enforced).
 
@@ -83,6 +84,8 @@ UPDATES_PER_ENV_STEP_LIMIT = 0.1
 LADDER_OF_3 = {0: 0.4, 1: 0.4**4.5, 2: 0.4**8}
 # The window of each printed env steps/s figure (a figure, not a check: 2 shared cores).
 FIGURE_SECONDS = 15.0
+# deploy/podman/build_images.sh: four images, rebuilt when the sources change.
+BUILD_SECONDS = 1500
 MISSING = [
     t for t in ("podman", "debootstrap", "prometheus", "promtool", "kubectl") if not shutil.which(t)
 ]
@@ -384,7 +387,7 @@ class Deployment:
 def deployment(tmp_path_factory):
     t0 = time.monotonic()
     build = subprocess.run([str(ROOT / "deploy/podman/build_images.sh")], capture_output=True, text=True,
-                           timeout=1500)  # fmt: skip
+                           timeout=BUILD_SECONDS)  # fmt: skip
     assert build.returncode == 0, build.stdout + build.stderr
     print(build.stdout)
     build_seconds = time.monotonic() - t0
@@ -425,7 +428,9 @@ def deployment(tmp_path_factory):
         print("exit codes:", {k: v[0] for k, v in dep.exit_codes.items()})
 
 
-@pytest.mark.timeout(600)
+# The first test's time includes the module fixture's: image builds (up to BUILD_SECONDS, on
+# a loaded machine most of it when the sources changed) and the first rollout.
+@pytest.mark.timeout(BUILD_SECONDS + 600)
 def test_every_probe_passes_and_prometheus_scrapes_every_pod(deployment):
     dep = deployment
     up = dep.query("up")
@@ -721,6 +726,26 @@ def test_every_dashboard_query_returns_data(deployment):
     ]
     empty = [expr for expr in exprs if not deployment.query(expr)]
     assert not empty, f"dashboard queries without data: {empty}"
+
+
+@pytest.mark.timeout(120)
+def test_the_autoscaling_query_reads_the_scraped_pods(deployment):
+    """The actor demand ratio of deploy/k8s/autoscaling, the query KEDA (and, through the
+    adapter, the HPA) sends, has one value from these pods' series. The overlay runs Ape-X's
+    table without a samples_per_insert ratio, so no insert is ever held and the ratio is at
+    least 1 (tests/integration/test_autoscaling_signal.py drives it into both states)."""
+    dep = deployment
+    (table,) = [t for t in dep.settings["replay"]["tables"] if t["name"] == "default"]
+    assert table["samples_per_insert"] == 0
+    scaled = yaml.safe_load((ROOT / "deploy/k8s/autoscaling/keda-scaledobject.yaml").read_text())
+    (trigger,) = scaled["spec"]["triggers"]
+    for series in ("apexrl_learner_prefetch_wait_seconds_total", "apexrl_actor_env_steps_total"):
+        assert dep.query(f'{series}{{namespace="apexrl"}}'), f"no {series} from the pods"
+    result = dep.query(trigger["metadata"]["query"])
+    assert len(result) == 1, result
+    ratio = float(result[0]["value"][1])
+    print(f"actor demand ratio on the running deployment: {ratio:.3f}")
+    assert ratio >= 1.0
 
 
 @pytest.mark.timeout(600)
