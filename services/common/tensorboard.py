@@ -1,9 +1,10 @@
 """Scalars as TensorBoard event files (`--tensorboard DIR`).
 
-Written with tensorboardX's SummaryWriter: a maintained writer that needs neither torch nor
-TensorFlow, so local mode's parent process (which never imports torch) writes with the same
-code as the learner and the evaluator. TensorBoard itself (`pip install tensorboard`) reads
-the files: `tensorboard --logdir DIR`.
+Written by TensorBoard's own EventFileWriter (the `tensorboard` package, whose reader opens
+them; torch.utils.tensorboard writes through the same class). Unlike tensorboardX, which
+imports torch whenever it is installed, it imports neither torch nor TensorFlow, so local
+mode's parent process, which never imports torch, writes with the same code as the learner
+and the evaluator.
 """
 
 import math
@@ -20,21 +21,29 @@ class Scalars:
 
     def __init__(self, logdir: str):
         try:
-            from tensorboardX import SummaryWriter
+            from tensorboard.compat.proto import event_pb2, summary_pb2
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
         except ImportError as err:
             raise ValueError(
-                "tensorboard: writing event files needs tensorboardX"
+                "tensorboard: writing event files needs tensorboard"
                 " (pip install apexrl[tensorboard])"
             ) from err
+        self.event, self.summary = event_pb2.Event, summary_pb2.Summary
         try:
-            self.writer = SummaryWriter(logdir, flush_secs=FLUSH_SECONDS)
+            self.writer = EventFileWriter(logdir, flush_secs=FLUSH_SECONDS)
         except OSError as err:
             raise ValueError(f"tensorboard: cannot write to {logdir} ({err})") from err
 
     def add(self, values: dict[str, float], step: int, walltime: float | None = None) -> None:
-        for tag, value in values.items():
-            if math.isfinite(value):
-                self.writer.add_scalar(tag, value, step, walltime)
+        tagged = [
+            self.summary.Value(tag=tag, simple_value=value)
+            for tag, value in values.items()
+            if math.isfinite(value)
+        ]
+        summary = self.summary(value=tagged)
+        self.writer.add_event(
+            self.event(wall_time=walltime or time.time(), step=step, summary=summary)
+        )
 
     def close(self) -> None:
         self.writer.close()

@@ -2,6 +2,8 @@
 TensorBoard's own reader."""
 
 import math
+import subprocess
+import sys
 
 import prometheus_client
 import pytest
@@ -62,3 +64,15 @@ def test_a_folder_that_cannot_be_written_is_refused_naming_the_setting(tmp_path)
     with pytest.raises(ValueError, match=r"^tensorboard: cannot write to .*file/events"):
         Scalars(str(blocker / "events"))
     assert blocker.read_text() == "not a folder"
+
+
+def test_writing_imports_no_torch(tmp_path):
+    """Local mode's parent process writes event files and never imports torch."""
+    code = (
+        "import sys; from apexrl.common.tensorboard import Scalars;"
+        f" s = Scalars({str(tmp_path)!r}); s.add({{'x': 1.0}}, 1); s.close();"
+        " print(sorted(m for m in ('torch', 'tensorflow') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+    assert read_scalars(tmp_path) == {"x": [(1, 1.0)]}
