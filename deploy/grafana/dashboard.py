@@ -47,6 +47,15 @@ FULL, HALF, THIRD = 24, 12, 8
 HEIGHT = 8
 
 
+# deploy/k8s/autoscaling/keda-scaledobject.yaml's query without its namespace matchers (the
+# dashboard shows one deployment's Prometheus): tests/deploy/test_autoscaling.py keeps them equal.
+ACTOR_DEMAND = (
+    "1 + clamp_max((sum(rate(apexrl_learner_prefetch_wait_seconds_total[2m])) or vector(0)), 1)"
+    ' - clamp_max(((sum(rate(apexrl_replay_rate_limiter_wait_seconds_sum{operation="insert"}'
+    "[2m])) / count(apexrl_actor_env_steps_total)) or vector(0)), 1)"
+)
+
+
 def query(expr: str, legend: str = "__auto") -> prometheus.Dataquery:
     return prometheus.Dataquery().expr(expr).legend_format(legend).datasource(DATASOURCE)
 
@@ -416,6 +425,15 @@ def build() -> dashboard_models.Dashboard:
             "learner is starved by replay.",
             [query("max(apexrl_learner_prefetch_wait_fraction)", "wait fraction")],
             unit="percentunit",
+        )
+    )
+    builder.with_panel(
+        graph(
+            "Actor demand (autoscaling)",
+            "The ratio deploy/k8s/autoscaling scales the actors on, over its 2m windows: 1 + "
+            "the learner's wait for batches - the share of each actor's time the rate limiter "
+            "held its inserts. Above 1.1 the autoscaler adds actors, below 0.9 it removes some.",
+            [query(ACTOR_DEMAND, "actor demand ratio")],
         )
     )
     builder.with_panel(

@@ -12,6 +12,7 @@ learner waits) and too many (the rate limiter holds their inserts). The podman t
 """
 
 import copy
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -319,3 +320,12 @@ def test_the_query_tells_too_few_actors_from_too_many(tmp_path):
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_dashboard_shows_the_query_the_autoscalers_run():
+    spec = importlib.util.spec_from_file_location("dashboard", tm.DEPLOY / "grafana/dashboard.py")
+    dashboard = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dashboard)
+    keda = re.sub(rf"{NAMESPACE_MATCHER},?", "", keda_query()).replace("{}", "")
+    assert " ".join(dashboard.ACTOR_DEMAND.split()) == " ".join(keda.split())
+    assert dashboard.ACTOR_DEMAND in dashboard.panel_queries()

@@ -195,15 +195,17 @@ def test_every_queried_metric_is_catalogued():
 
 
 def test_counters_are_read_as_rates():
-    """Counters and histograms through rate() (or increase()); gauges, including the gauge
-    histogram of stored priorities, as levels."""
+    """Counters and histograms through rate() (or increase(), or count() of their series: how
+    many processes export one); gauges, including the gauge histogram of stored priorities, as
+    levels."""
     metrics = catalogue()
     for expr in dashboard.panel_queries():
         for name in metric_names(expr):
             kind = catalogued_type(name, metrics)
             rated = re.search(rf"(rate|increase)\({re.escape(name)}\b", expr)
+            counted = re.search(rf"\bcount\({re.escape(name)}\)", expr)
             if kind in ("counter", "histogram"):
-                assert rated, f"{name} is a {kind}: read it through rate(): {expr}"
+                assert rated or counted, f"{name} is a {kind}: read it through rate(): {expr}"
             else:
                 assert not rated, f"{name} is a {kind}, not a counter: {expr}"
 
