@@ -1,0 +1,120 @@
+"""Neural Episodic Control's builder (Pritzel et al. 2017), distributed as Ape-X distributes
+DQN: epsilon-greedy actors on a ladder write N-step transitions to one uniform table; the
+learner writes N-step Q targets to a DND per action and trains the embedding and the DNDs end
+to end; actors act on the published embedding and DNDs."""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from apexrl.algorithms.adders.nstep import NStepAdder
+from apexrl.algorithms.base import Adder, Builder, Policy
+from apexrl.algorithms.columns import Column, nstep_columns
+from apexrl.algorithms.exploration import epsilon_ladder
+from apexrl.algorithms.off_policy import TABLE
+from apexrl.config import ReplayTableConfig, option
+
+
+@dataclass
+class Settings:
+    """[nec]: Neural Episodic Control's settings."""
+
+    n_step: int = option(10, "N of the N-step Q targets the actors' transitions give")
+    capacity: int = option(5_000, "keys each action's DND holds (replaced least recently used)")
+    neighbours: int = option(50, "k: the nearest keys a lookup weighs")
+    delta: float = option(1e-3, "the kernel's delta: w = 1/(squared distance + delta)")
+    alpha: float = option(0.1, "tabular write rate of a key already held: v += alpha (y - v)")
+    key_size: int = option(32, "the embedding's (the keys') width")
+    replay_capacity: int = option(100_000, "transitions the replay table holds (per shard)")
+    min_size_to_sample: int = option(1_000, "sampling waits until the table holds this many")
+    samples_per_insert: float = option(
+        0.0, "rate limiter: sampled transitions per inserted one (0: no ratio)"
+    )
+    error_buffer: float = option(
+        0.0, "rate limiter: allowed deviation from samples_per_insert, in samples"
+    )
+
+
+class NECBuilder(Builder):
+    name = "nec"
+    Settings = Settings
+    exploration_name = "epsilon"
+    exploration_help = "Exploration epsilon from the actor's lease (the Ape-X ladder)."
+    figures = {
+        "q_mean": "Mean Q(s, a) of the last batch, looked up in the DNDs.",
+        "dnd_size": "Keys the DNDs hold, all actions together.",
+        "parameter_bytes": "Bytes of the parameters published per version (embedding and DNDs).",
+    }
+    loss_help = "Importance-weighted squared error to the N-step Q targets of the last update."
+
+    @classmethod
+    def presets(cls, env_id: str) -> dict:
+        # Each transition sampled about 4 times, the rate limiter holding the actors back (on
+        # CartPole batches of 64 sampled 8 times solved later: docs/benchmarks.md).
+        return {"nec": {"samples_per_insert": 4.0, "error_buffer": 4_000.0}}
+
+    def check(self) -> None:
+        s = self.settings
+        if not self.spec.discrete:
+            raise ValueError(f"algorithm: nec needs a Discrete action space, {self.spec.env_id}")
+        if s.capacity < 1:
+            raise ValueError(f"capacity: must be >= 1, got {s.capacity}")
+        if not 1 <= s.neighbours <= s.capacity:
+            raise ValueError(
+                f"neighbours: must be in [1, capacity = {s.capacity}], got {s.neighbours}"
+            )
+        for name, low in (("n_step", 1), ("key_size", 1), ("replay_capacity", 1)):
+            if getattr(s, name) < low:
+                raise ValueError(f"{name}: must be >= {low}, got {getattr(s, name)}")
+        if s.delta <= 0:
+            raise ValueError(f"delta: must be > 0, got {s.delta}")
+        if not 0 < s.alpha <= 1:
+            raise ValueError(f"alpha: must be in (0, 1], got {s.alpha}")
+
+    def columns(self) -> list[Column]:
+        return nstep_columns(self.spec, np.dtype(np.int64))
+
+    def tables(self) -> list[ReplayTableConfig]:
+        s = self.settings
+        signature = ",".join(column.spec() for column in self.columns())
+        return [
+            ReplayTableConfig(
+                name=TABLE, capacity=s.replay_capacity, sampler="uniform", remover="fifo",
+                rate_limiter="ratio", min_size_to_sample=s.min_size_to_sample,
+                samples_per_insert=s.samples_per_insert, error_buffer=s.error_buffer,
+                signature=signature,
+            )
+        ]  # fmt: skip
+
+    def exploration(self, index: int, count: int) -> float:
+        return epsilon_ladder(index, count)
+
+    def adder(self, num_envs: int, policy: Policy) -> Adder:
+        return NStepAdder(num_envs, self.settings.n_step, self.config.gamma, table=TABLE)
+
+    def dataset(self):
+        from apexrl.algorithms.datasets import Stream
+
+        return Stream(TABLE, prioritized=False)
+
+    def network(self):
+        from apexrl.algorithms.nec.learning import NECNetwork
+        from apexrl.algorithms.networks import hidden_sizes
+
+        s, spec = self.settings, self.spec
+        dnd = {"capacity": s.capacity, "neighbours": s.neighbours, "delta": s.delta,
+               "alpha": s.alpha}  # fmt: skip
+        return NECNetwork(
+            spec.obs_shape, spec.obs_dtype, spec.num_actions, hidden_sizes(self.config.hidden),
+            s.key_size, dnd,
+        )  # fmt: skip
+
+    def policy(self):
+        from apexrl.algorithms.nec.learning import NECPolicy
+
+        return NECPolicy(self.network())
+
+    def learning(self, config, device):
+        from apexrl.algorithms.nec.learning import NECLearning
+
+        return NECLearning(self.network, config, self.settings, device)

@@ -1,0 +1,171 @@
+"""Neural Episodic Control's network (an embedding and a DND per action), its epsilon-greedy
+policy and its learning: N-step Q targets written to the DNDs, and the embedding, keys and
+values trained end to end on replayed (obs, action, N-step target)."""
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from torch import nn
+
+from apexrl.algorithms.base import Learning, Policy, prefixed
+from apexrl.algorithms.nec.dnd import DND
+from apexrl.algorithms.networks import (
+    adam,
+    build_torso,
+    load_numpy_state,
+    load_optimizer_state,
+    optimizer_state,
+    state_to_numpy,
+)
+
+
+class NECNetwork(nn.Module):
+    """obs -> embedding h (the torso, then a linear layer to key_size) -> Q(s, a) = DND_a(h)."""
+
+    def __init__(
+        self,
+        obs_shape: Sequence[int],
+        obs_dtype: npt.DTypeLike,
+        num_actions: int,
+        hidden: Sequence[int],
+        key_size: int,
+        dnd: dict,
+    ):
+        super().__init__()
+        torso = build_torso(obs_shape, obs_dtype, hidden)
+        self.embed = nn.Sequential(torso, nn.Linear(torso.out_dim, key_size))
+        self.dnds = nn.ModuleList(DND(key_size=key_size, **dnd) for _ in range(num_actions))
+        self.num_actions = num_actions
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        """Q [B, num_actions]."""
+        h = self.embed(obs)
+        return torch.stack([dnd(h) for dnd in self.dnds], dim=1)
+
+    def q_taken(self, h: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """Q(s, action) [B] of embeddings h: each item looks up only its action's DND."""
+        q = h.new_zeros(len(h))
+        for a, dnd in enumerate(self.dnds):
+            rows = (action == a).nonzero().squeeze(1)
+            if len(rows):
+                q = q.index_put((rows,), dnd(h[rows]))
+        return q
+
+
+class NECPolicy(Policy):
+    def __init__(self, net: NECNetwork):
+        self.net = net
+
+    def load(self, arrays: dict[str, np.ndarray]) -> None:
+        load_numpy_state(self.net, arrays)
+
+    def act(self, obs: np.ndarray, exploration: float, rng: np.random.Generator) -> np.ndarray:
+        """Epsilon-greedy: a uniformly random action with probability `exploration`."""
+        with torch.no_grad():
+            greedy = self.net(torch.from_numpy(obs)).argmax(1).numpy()
+        if exploration <= 0:
+            return greedy
+        explore = rng.random(len(obs)) < exploration
+        return np.where(explore, rng.integers(self.net.num_actions, size=len(obs)), greedy)
+
+    def priorities(self, columns: dict[str, np.ndarray]) -> np.ndarray:
+        """A uniform table: every item's priority is 1."""
+        return np.ones(len(columns["action"]), np.float32)
+
+
+def item_ids(batch: dict[str, torch.Tensor]) -> list[int]:
+    """An id per item from its obs, action and reward bytes: a transition sampled again has
+    the same id."""
+    parts = [batch[name].cpu().numpy() for name in ("obs", "action", "reward")]
+    rows = [np.ascontiguousarray(p.reshape(len(p), -1)).view(np.uint8) for p in parts]
+    return [hash(b"".join(r[i].tobytes() for r in rows)) for i in range(len(rows[0]))]
+
+
+class NECLearning(Learning):
+    """Each update: N-step targets y = reward + discount * max_a Q(next_obs) from the current
+    DNDs; Q(obs, action) looked up; the items sampled for the first time written to their
+    action's DND (key h(obs), value y); then a gradient step on the squared error
+    (y - Q(obs, action)), importance weighted, through the kernel into the embedding and the
+    neighbours' keys and values."""
+
+    def __init__(self, build, config, settings, device: torch.device):
+        self.config, self.settings, self.device = config, settings, device
+        self.net: NECNetwork = build().to(device)
+        self.optimizer = adam(self.net.embed.parameters(), config.learning_rate)
+        rows = [p for dnd in self.net.dnds for p in (dnd.keys.weight, dnd.values.weight)]
+        self.dnd_optimizer = torch.optim.SparseAdam(rows, lr=config.learning_rate)
+        # Ids of the items already written, oldest first, as many as the replay holds.
+        self.written: OrderedDict[int, None] = OrderedDict()
+        self.parameter_bytes = float(sum(a.nbytes for a in self.parameters().values()))
+
+    def update(self, batch, weights, step):
+        with torch.no_grad():
+            y = batch["reward"] + batch["discount"] * self.net(batch["next_obs"]).max(dim=1).values
+        h = self.net.embed(batch["obs"])
+        # Looked up before this batch's writes: a key just written would be its own nearest
+        # neighbour at distance 0 and leave nothing to learn.
+        q = self.net.q_taken(h, batch["action"].long())
+        self._write(batch, h.detach(), y)
+        loss = (weights * (y - q).pow(2)).mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.dnd_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.net.embed.parameters(), self.config.max_grad_norm)
+        self.optimizer.step()
+        self.dnd_optimizer.step()
+        figures = {"loss": loss.item(), "q_mean": q.detach().mean().item()}
+        figures["dnd_size"] = float(sum(dnd.used for dnd in self.net.dnds))
+        figures["parameter_bytes"] = self.parameter_bytes
+        return None, figures
+
+    def _write(self, batch, h: torch.Tensor, y: torch.Tensor) -> None:
+        """Writes (h, y) of the items not written before to their action's DND."""
+        ids = item_ids(batch)
+        new = [i for i, item in enumerate(ids) if item not in self.written]
+        for i in new:
+            self.written[ids[i]] = None
+        while len(self.written) > self.settings.replay_capacity:
+            self.written.popitem(last=False)
+        if not new:
+            return
+        actions = batch["action"].long().cpu().numpy()[new]
+        keys, values = h[new].float().cpu().numpy(), y[new].float().cpu().numpy()
+        for a, dnd in enumerate(self.net.dnds):
+            mine = actions == a
+            if mine.any():
+                dnd.write(keys[mine], values[mine])
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        return state_to_numpy(self.net)
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict]:
+        arrays = {f"online/{k}": v for k, v in state_to_numpy(self.net).items()}
+        for a, dnd in enumerate(self.net.dnds):
+            arrays[f"last_used/{a}"] = dnd.last_used.cpu().numpy()
+        optimizer, groups = optimizer_state(self.optimizer, "optimizer")
+        # SparseAdam counts its steps in a Python int: stored as an array, restored as an int.
+        dnd_state = self.dnd_optimizer.state_dict()
+        dnd_optimizer = {
+            f"dnd_optimizer/{index}/{key}": np.asarray(
+                value.detach().cpu() if torch.is_tensor(value) else value
+            )
+            for index, entries in dnd_state["state"].items()
+            for key, value in entries.items()
+        }
+        dnd_groups = dnd_state["param_groups"]
+        meta = {"param_groups": groups, "dnd_param_groups": dnd_groups}
+        meta["clocks"] = [dnd.clock for dnd in self.net.dnds]
+        return arrays | optimizer | dnd_optimizer, meta
+
+    def load_state(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
+        load_numpy_state(self.net, prefixed(arrays, "online"))
+        for a, dnd in enumerate(self.net.dnds):
+            dnd.last_used.copy_(torch.from_numpy(arrays[f"last_used/{a}"]))
+            dnd.clock = meta["clocks"][a]
+        load_optimizer_state(self.optimizer, arrays, "optimizer", meta["param_groups"])
+        load_optimizer_state(self.dnd_optimizer, arrays, "dnd_optimizer", meta["dnd_param_groups"])
+        for entries in self.dnd_optimizer.state.values():
+            entries["step"] = int(entries["step"])
