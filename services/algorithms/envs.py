@@ -26,8 +26,10 @@ gymnasium's own wrappers, as Machado et al. (2018, "Revisiting the ALE") evaluat
 is also ALE v5's default: sticky actions (p = 0.25), the minimal action set, episodes of at
 most 108,000 frames; and as Mnih et al. (2015): up to 30 no-op starts, frame skip 4 with the
 max of the last two frames, 84x84 grayscale, a stack of the last 4 frames. Observations are
-uint8 [4, 84, 84] (stack first, as the CNN reads them). Rewards stay the game's: the actor
-clips what it learns from (EnvSpec.clip_rewards), every reported return is the game score.
+uint8 [4, 84, 84] (stack first, as the CNN reads them). In games with lives and a FIRE action
+(Breakout) FIRE is pressed at the start and after each life lost (FireToStart). Rewards stay
+the game's: the actor clips what it learns from (EnvSpec.clip_rewards), every reported return
+is the game score.
 `EnvOptions` holds the settings (AgentConfig's sticky_actions and full_action_space).
 """
 
@@ -130,7 +132,39 @@ def make_env(
         **rendering,
     )
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)
-    return gym.wrappers.FrameStackObservation(env, 4)
+    return gym.wrappers.FrameStackObservation(FireToStart(env), 4)
+
+
+class FireToStart(gym.Wrapper):
+    """Presses FIRE (one agent step) when an episode starts and after each life lost, in games
+    that have lives and FIRE as action 1 (Breakout: FIRE launches the ball), as OpenAI
+    Baselines' DQN wrappers do (FireResetEnv, and their reset on a life lost). Otherwise an
+    agent that has not learnt to fire waits until the 108,000-frame cap. Games without lives
+    (Pong) are left as they are."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.fires = env.unwrapped.get_action_meanings()[1:2] == ["FIRE"]
+        self.lives = 0
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        self.lives = info.get("lives", 0)
+        if self.fires and self.lives > 0:
+            obs, _, terminated, truncated, info = self.env.step(1)
+            if terminated or truncated:
+                obs, info = self.env.reset(**kwargs)
+            self.lives = info.get("lives", 0)
+        return obs, info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        lost = info.get("lives", 0) < self.lives
+        if self.fires and lost and not (terminated or truncated):
+            obs, more, terminated, truncated, info = self.env.step(1)
+            reward += more
+        self.lives = info.get("lives", 0)
+        return obs, reward, terminated, truncated, info
 
 
 def env_spec(env_id: str, options: EnvOptions = EnvOptions()) -> EnvSpec:  # noqa: B008
