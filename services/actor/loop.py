@@ -160,10 +160,13 @@ class InsertBuffer:
             self.metrics.inserted.inc(len(priorities))
 
     def close(self, flush_seconds: float) -> None:
-        """Gives the buffer up to flush_seconds to drain, then stops the thread."""
+        """Gives the buffer up to flush_seconds to drain, then stops the thread; with the
+        replay away it does not wait (nothing would land: a stop would only take longer)."""
         deadline = time.monotonic() + flush_seconds
         with self._cond:
-            self._cond.wait_for(lambda: not self._batches, max(0.0, deadline - time.monotonic()))
+            self._cond.wait_for(
+                lambda: not self._batches or self._outage, max(0.0, deadline - time.monotonic())
+            )
             self._closing = True
             self._cond.notify_all()
         self.replay.close()
