@@ -304,7 +304,11 @@ async def serve(
     )
     server = grpc.aio.server(
         interceptors=[ServiceInterceptor(RpcMetrics(registry), authorizer)],
-        options=message_options(config.max_message_mb) + SERVER_KEEPALIVE_OPTIONS,
+        # gRPC binds with SO_REUSEPORT by default: a second server on a taken port would
+        # start and silently take half of its connections; its bind fails instead.
+        options=message_options(config.max_message_mb)
+        + SERVER_KEEPALIVE_OPTIONS
+        + [("grpc.so_reuseport", 0)],
     )
     names = service.register(server)
     health_servicer = health.aio.HealthServicer()

@@ -118,6 +118,23 @@ def test_bad_setting_fails_fast_naming_it(tmp_path):
     assert "alpha" in result.stderr
 
 
+def test_a_taken_port_is_refused_not_shared(replay_process):
+    """gRPC's default SO_REUSEPORT would let a second replay bind a serving one's port and
+    split its connections between two tables."""
+    import subprocess
+    import sys
+
+    first = replay_process()
+    port = first.address.rsplit(":", 1)[1]
+    result = subprocess.run(
+        [sys.executable, "-m", "apexrl.cli", "replay", "--host", "127.0.0.1", "--port", port],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "APEXRL_METRICS_PORT": "0"},
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert f"127.0.0.1:{port}" in result.stderr  # the address it could not bind
+    first.stop()
+
+
 def test_writer_resends_what_a_killed_replay_never_acknowledged(replay_process):
     """A replay killed under a writer: the batches it never acknowledged go again, on a new
     stream, to the replay restarted at the same address; none is lost, none doubled."""
