@@ -63,9 +63,15 @@ def test_pong_runs_end_to_end_from_compressed_frames(tmp_path):
 
 
 def test_pong_runs_end_to_end_with_impala(tmp_path):
-    """IMPALA on the same pipeline: unrolls of 33 stacked frames through the queue table, the
-    Nature-CNN actor-critic learning from them (a few updates a minute on this CPU)."""
+    """IMPALA on the same pipeline: unrolls of 33 steps through the queue table, each frame
+    stored once and compressed (the first stack's 4 frames, then each step's newest, and where
+    episodes start), the Nature-CNN actor-critic learning from the stacks the learner rebuilds
+    (a few updates a minute on this CPU)."""
     config, rows = run_pong(tmp_path, "--algorithm", "impala")
     (table,) = config["replay"]["tables"]
-    assert table["signature"].startswith("observations:uint8:33x4x84x84,")
+    assert table["signature"].startswith(
+        "observations:uint8:36x84x84:zstd,observations_starts:bool:33,"
+    )
     assert table["rate_limiter"] == "queue"
+    # 33 stacked frames were 931 KB an unroll; stored once and compressed, well under 16 KB.
+    assert 0 < float(rows[-1]["replay_bytes_per_item"]) < 16_384
