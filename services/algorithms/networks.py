@@ -17,6 +17,8 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
+from apexrl.algorithms.base import prefixed
+
 
 class MLPTorso(nn.Module):
     """Linear layers and an activation (ReLU unless told) on 1-D observations, cast to float32
@@ -136,3 +138,37 @@ def load_optimizer_state(
             index, key = name[len(prefix) + 1 :].split("/")
             state.setdefault(int(index), {})[key] = torch.from_numpy(value.copy())
     optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+class TargetNetworkLearning:
+    """The Learning of a Q network with a target copy (dqn, r2d2): the online network is what
+    actors get; a checkpoint holds both networks and the optimizer."""
+
+    def __init__(self, build, config, settings, device: torch.device):
+        self.config, self.settings = config, settings
+        self.online, self.target = build().to(device), build().to(device)
+        self.target.load_state_dict(self.online.state_dict())
+        self.optimizer = adam(self.online.parameters(), config.learning_rate)
+
+    def step(self, loss: torch.Tensor, update: int) -> None:
+        """One clipped gradient step; the target synced every target_update_interval."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.config.max_grad_norm)
+        self.optimizer.step()
+        if update % self.settings.target_update_interval == 0:
+            self.target.load_state_dict(self.online.state_dict())
+
+    def parameters(self) -> dict[str, np.ndarray]:
+        return state_to_numpy(self.online)
+
+    def state(self) -> tuple[dict[str, np.ndarray], dict]:
+        arrays = {f"online/{k}": v for k, v in state_to_numpy(self.online).items()}
+        arrays |= {f"target/{k}": v for k, v in state_to_numpy(self.target).items()}
+        optimizer, groups = optimizer_state(self.optimizer, "optimizer")
+        return arrays | optimizer, {"param_groups": groups}
+
+    def load_state(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
+        load_numpy_state(self.online, prefixed(arrays, "online"))
+        load_numpy_state(self.target, prefixed(arrays, "target"))
+        load_optimizer_state(self.optimizer, arrays, "optimizer", meta["param_groups"])

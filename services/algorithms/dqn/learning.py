@@ -4,16 +4,10 @@ network, n-step; expected Q or C51's distribution)."""
 import numpy as np
 import torch
 
-from apexrl.algorithms.base import Learning, Policy, prefixed
+from apexrl.algorithms.base import Learning, Policy
 from apexrl.algorithms.dqn.losses import c51_loss, dqn_loss
 from apexrl.algorithms.dqn.networks import QNetwork, set_noise
-from apexrl.algorithms.networks import (
-    adam,
-    load_numpy_state,
-    load_optimizer_state,
-    optimizer_state,
-    state_to_numpy,
-)
+from apexrl.algorithms.networks import TargetNetworkLearning, load_numpy_state
 
 
 def loss_of(net: QNetwork):
@@ -68,12 +62,9 @@ class DQNPolicy(Policy):
         return priorities.numpy().astype(np.float32)
 
 
-class DQNLearning(Learning):
+class DQNLearning(TargetNetworkLearning, Learning):
     def __init__(self, build, config, settings, device: torch.device):
-        self.config, self.settings = config, settings
-        self.online, self.target = build().to(device), build().to(device)
-        self.target.load_state_dict(self.online.state_dict())
-        self.optimizer = adam(self.online.parameters(), config.learning_rate)
+        super().__init__(build, config, settings, device)
         self.loss = loss_of(self.online)
 
     def update(self, batch, weights, step):
@@ -81,24 +72,5 @@ class DQNLearning(Learning):
         set_noise(self.online)
         set_noise(self.target)
         loss, priorities, q = self.loss(self.online, self.target, batch, weights)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.config.max_grad_norm)
-        self.optimizer.step()
-        if step % self.settings.target_update_interval == 0:
-            self.target.load_state_dict(self.online.state_dict())
+        self.step(loss, step)
         return priorities, {"loss": loss.item(), "q_mean": q.mean().item()}
-
-    def parameters(self) -> dict[str, np.ndarray]:
-        return state_to_numpy(self.online)
-
-    def state(self) -> tuple[dict[str, np.ndarray], dict]:
-        arrays = {f"online/{k}": v for k, v in state_to_numpy(self.online).items()}
-        arrays |= {f"target/{k}": v for k, v in state_to_numpy(self.target).items()}
-        optimizer, groups = optimizer_state(self.optimizer, "optimizer")
-        return arrays | optimizer, {"param_groups": groups}
-
-    def load_state(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
-        load_numpy_state(self.online, prefixed(arrays, "online"))
-        load_numpy_state(self.target, prefixed(arrays, "target"))
-        load_optimizer_state(self.optimizer, arrays, "optimizer", meta["param_groups"])
