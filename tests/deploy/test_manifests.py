@@ -59,7 +59,7 @@ BUNDLES = ["k8s", "base"] + [o for o in OVERLAYS if o not in OTHER_BUNDLES]
 # Registered algorithms without an overlay yet: each is being added as its own overlay
 # folder (deploy/kustomize/overlays/<name>). Keep this list short; an algorithm leaves it
 # when its overlay lands.
-WITHOUT_OVERLAY_YET = {"nec", "rainbow"}
+WITHOUT_OVERLAY_YET: set[str] = set()
 # Metrics the alerts may use besides apexrl's own (kubelet cAdvisor and kube-state-metrics).
 KUBERNETES_METRICS: set[str] = set()  # every alert reads apexrl's own metrics
 
