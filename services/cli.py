@@ -19,7 +19,10 @@ def _setup(cls, argv: list[str], section: str):
         from apexrl import algorithms  # torch-free; the replay never imports it
 
         registry = algorithms.REGISTRY
-    config = cfg.parse(cls, argv, section, f"apexrl {section}", registry)
+    try:
+        config = cfg.parse(cls, argv, section, f"apexrl {section}", registry)
+    except ValueError as err:  # a table in the config file that can never work
+        _refuse(section, err)
     configure_logging(config.log_level)
     return config, new_registry()
 

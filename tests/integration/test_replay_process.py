@@ -118,6 +118,25 @@ def test_bad_setting_fails_fast_naming_it(tmp_path):
     assert "alpha" in result.stderr
 
 
+def test_a_bad_config_table_is_one_line_and_exit_2(tmp_path):
+    """A table of the config file that can never work ([[authorization]] naming no known
+    role) is a usage error naming it, as a bad flag is, not a traceback."""
+    import subprocess
+    import sys
+
+    config = tmp_path / "apexrl.toml"
+    config.write_text('[[authorization]]\nrole = "pirate"\nmethods = ["Insert"]\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "apexrl.cli", "replay", "--port", "0", "--config", str(config)],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "APEXRL_METRICS_PORT": "0"},
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "apexrl replay: error: [[authorization]]: entry 0: unknown role 'pirate'"
+        " (roles: replay, learner, actor, evaluator)"
+    ]
+
+
 def test_a_taken_port_is_refused_not_shared(replay_process):
     """gRPC's default SO_REUSEPORT would let a second replay bind a serving one's port and
     split its connections between two tables."""
