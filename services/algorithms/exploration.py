@@ -4,6 +4,8 @@ The learner hands each actor its place with its lease (protos/apexrl/v1/learner.
 ladder re-spreads when actors come or go.
 """
 
+import numpy as np
+
 
 def epsilon_ladder(i: int, n: int, base: float = 0.4, alpha: float = 7.0) -> float:
     """Epsilon of actor i of n: base ** (1 + alpha * i / (n - 1)); a lone actor gets base.
@@ -34,3 +36,13 @@ def noise_ladder(i: int, n: int, high: float = 0.5, low: float = 0.05) -> float:
     if n == 1:
         return (high * low) ** 0.5
     return high * (low / high) ** (i / (n - 1))
+
+
+def epsilon_greedy(
+    greedy: np.ndarray, epsilon: float, num_actions: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Each env's greedy action, or with probability epsilon a uniformly random one."""
+    if epsilon <= 0:
+        return greedy
+    explore = rng.random(len(greedy)) < epsilon
+    return np.where(explore, rng.integers(num_actions, size=len(greedy)), greedy)

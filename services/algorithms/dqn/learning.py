@@ -7,6 +7,7 @@ import torch
 from apexrl.algorithms.base import Learning, Policy
 from apexrl.algorithms.dqn.losses import c51_loss, dqn_loss
 from apexrl.algorithms.dqn.networks import QNetwork, set_noise
+from apexrl.algorithms.exploration import epsilon_greedy
 from apexrl.algorithms.networks import TargetNetworkLearning, load_numpy_state
 
 
@@ -46,10 +47,7 @@ class DQNPolicy(Policy):
     def _epsilon_greedy(self, obs, exploration, rng) -> np.ndarray:
         with torch.no_grad():
             greedy = self.net(torch.from_numpy(obs)).argmax(1).numpy()
-        if exploration <= 0:
-            return greedy
-        explore = rng.random(len(obs)) < exploration
-        return np.where(explore, rng.integers(self.net.num_actions, size=len(obs)), greedy)
+        return epsilon_greedy(greedy, exploration, self.net.num_actions, rng)
 
     def priorities(self, columns: dict[str, np.ndarray]) -> np.ndarray:
         """The learner's priority (|TD error| or the KL loss) with the actor's own network as

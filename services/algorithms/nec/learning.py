@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from apexrl.algorithms.base import Learning, Policy, prefixed
+from apexrl.algorithms.exploration import epsilon_greedy
 from apexrl.algorithms.nec.dnd import DND
 from apexrl.algorithms.networks import (
     adam,
@@ -66,10 +67,7 @@ class NECPolicy(Policy):
         """Epsilon-greedy: a uniformly random action with probability `exploration`."""
         with torch.no_grad():
             greedy = self.net(torch.from_numpy(obs)).argmax(1).numpy()
-        if exploration <= 0:
-            return greedy
-        explore = rng.random(len(obs)) < exploration
-        return np.where(explore, rng.integers(self.net.num_actions, size=len(obs)), greedy)
+        return epsilon_greedy(greedy, exploration, self.net.num_actions, rng)
 
     def priorities(self, columns: dict[str, np.ndarray]) -> np.ndarray:
         """A uniform table: every item's priority is 1."""

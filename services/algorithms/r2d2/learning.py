@@ -5,6 +5,7 @@ import numpy as np
 import torch
 
 from apexrl.algorithms.base import Learning, Policy
+from apexrl.algorithms.exploration import epsilon_greedy
 from apexrl.algorithms.networks import TargetNetworkLearning, load_numpy_state
 from apexrl.algorithms.r2d2.losses import r2d2_loss
 from apexrl.algorithms.r2d2.networks import RecurrentQNetwork
@@ -40,8 +41,7 @@ class R2D2Policy(Policy):
             q, after = self.net.unroll(torch.from_numpy(obs).unsqueeze(1), torch.from_numpy(before))
         self.state = after.numpy()
         greedy = q[:, 0].argmax(1).numpy()
-        explore = rng.random(len(obs)) < exploration
-        actions = np.where(explore, rng.integers(self.net.num_actions, size=len(obs)), greedy)
+        actions = epsilon_greedy(greedy, exploration, self.net.num_actions, rng)
         return actions, {"state": before, "exploration": np.full(len(obs), exploration, np.float32)}
 
     def act(self, obs, exploration, rng):
