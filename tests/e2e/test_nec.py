@@ -2,16 +2,16 @@
 the best model played by `apexrl eval` on unseen seeds beats a random policy, and the learner's
 state (its DNDs and both optimizers) is checkpointed when local mode stops it."""
 
-import re
 import subprocess
 import sys
 
 import pytest
 
+from tests.e2e.evaluation import eval_mean, random_policy_mean
+
 pytestmark = pytest.mark.slow
 
 EPISODES = 20
-RANDOM_MEAN = 22.0  # a random policy's CartPole-v1 mean (tests/e2e/test_algorithm_outside.py)
 
 
 def test_nec_learns_cartpole_and_checkpoints_its_dictionaries(tmp_path):
@@ -25,12 +25,6 @@ def test_nec_learns_cartpole_and_checkpoints_its_dictionaries(tmp_path):
     written = (run_dir / "config.toml").read_text()
     assert "[nec]" in written and 'sampler = "uniform"' in written
     assert list((run_dir / "checkpoints").glob("learner-*.ckpt")), "no learner checkpoint"
-    played = subprocess.run(
-        [sys.executable, "-m", "apexrl.cli", "eval", "--checkpoint", str(run_dir / "checkpoints"),
-         "--episodes", str(EPISODES)],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-    )  # fmt: skip
-    assert played.returncode == 0, played.stderr
-    mean = re.search(rf"^mean (-?[\d.]+), .* over {EPISODES} episodes$", played.stdout, re.M)
-    assert mean, played.stdout
-    assert float(mean.group(1)) > 3 * RANDOM_MEAN, mean.group(0)
+    mean, line = eval_mean(run_dir / "checkpoints", EPISODES, tmp_path)
+    baseline = random_policy_mean("CartPole-v1", EPISODES)
+    assert mean > 3 * baseline, (line, baseline)
