@@ -152,6 +152,24 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(0 if asked else 2)
     command, _ = COMMANDS[argv[0]]
     command(argv[1:])
+    if argv[0] in SERVICES:
+        _exit_now()
+
+
+SERVICES = ("replay", "learner", "actor", "evaluator")
+
+
+def _exit_now() -> None:
+    """A service has stopped (what it had to finish is finished, its last line logged): the
+    process ends here, without the interpreter's teardown of torch and grpc, which took up to
+    seconds on a busy 2-core machine (tests/e2e/test_prompt_stops.py times every exit)."""
+    import logging
+    import os
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

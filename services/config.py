@@ -318,7 +318,7 @@ class ActorConfig(AgentConfig, ClientTLSConfig, ProcessConfig):
     buffer_limit: int = option(
         100_000, "transitions held while replay is unreachable; beyond, the oldest are dropped"
     )
-    threads: int = option(1, "torch CPU threads")
+    threads: int = option(1, "torch CPU threads (where the policy acts with torch: not an MLP's)")
 
 
 @dataclass
@@ -346,7 +346,7 @@ class EvaluatorConfig(AgentConfig, ClientTLSConfig, ProcessConfig):
         "lower this process's CPU priority by this much (0-19, os.nice): on cores shared with"
         " training, evaluation then takes only the CPU that training leaves idle",
     )
-    threads: int = option(1, "torch CPU threads")
+    threads: int = option(1, "torch CPU threads (where the policy acts with torch: not an MLP's)")
     tensorboard: str = option(
         "",
         "also write the evaluator's gauges and counters as TensorBoard scalars (step: the"

@@ -244,9 +244,12 @@ class Run:
 
     def start_all(self) -> None:
         """Starts the replay, the learner and the actors at once (imports dominate start-up),
-        then waits until all serve. The evaluator comes later (start_evaluator), once an
-        actor has stepped: on two cores its imports (torch) would otherwise compete with those
-        on the way to the first env step, and it has nothing to play before that.
+        then waits until all serve. The evaluator comes next (start_evaluator), once the
+        learner serves: on two cores its imports would otherwise compete with the learner's
+        (torch) on the way to the first version, which it needs to play anything; and it is
+        there for the first versions, which it plays in order where the algorithm asks for
+        every version to be played (a solving version comes within the first seconds of
+        impala on CartPole).
 
         The gRPC ports are picked here, not by the children (port 0), so that no child has to
         wait for another's ready file before it can be told where its peers are.
@@ -351,6 +354,7 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     try:
         run.start_all()
+        run.start_evaluator()
         print(
             f"apexrl local: {config.env}, {config.actors} actors, run folder {run_dir}", flush=True
         )
@@ -387,8 +391,6 @@ def _monitor(
                     1,
                 )
             row = _collect(run, time.monotonic() - started, previous)
-            if run.evaluator is None and not math.isnan(row["startup_seconds"]):
-                run.start_evaluator()
             rows.append(row)
             writer.writerow(row)
             fh.flush()

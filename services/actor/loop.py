@@ -22,7 +22,6 @@ import uuid
 
 import numpy as np
 import prometheus_client
-import torch
 
 from apexrl import algorithms
 from apexrl.algorithms.base import Step
@@ -252,7 +251,6 @@ def run(
     stop: threading.Event,
     metrics: ActorMetrics | None = None,
 ) -> None:
-    torch.set_num_threads(config.threads)
     actor = Actor(config, metrics or register_metrics(config, registry), stop)
     try:
         actor.loop()
@@ -272,6 +270,7 @@ class Actor:
         self.builder = builder = algorithms.make(config)
         self.sync = builder.parameter_sync
         self.policy = builder.policy()
+        algorithms.set_torch_threads(config.threads)
         # The first adder paces the actor; the others fill their own tables from the same steps.
         self.adder, *others = builder.adders(config.num_envs, self.policy)
         self.columns = builder.table_columns(self.adder.table)

@@ -11,6 +11,7 @@ the replay from the builders' tables without it.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING
 
 from apexrl.algorithms.envs import EnvOptions, env_spec
@@ -65,3 +66,10 @@ def make(config) -> Builder:
 def transition_columns(config) -> list[Column]:
     """The columns of `config.algorithm`'s items on `config.env` (make(config).columns())."""
     return make(config).columns()
+
+
+def set_torch_threads(threads: int) -> None:
+    """torch's CPU threads, where a policy loaded torch (one acting in numpy does not)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)

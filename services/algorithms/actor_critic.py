@@ -6,6 +6,7 @@ Unrolls arrive batch-major from the replay ([B, T(+1), ...], actor/unroll.py) an
 time-major ([T, B]) here, as the V-trace and GAE recursions read them.
 """
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -21,6 +22,7 @@ from apexrl.algorithms.networks import (
     optimizer_state,
     state_to_numpy,
 )
+from apexrl.algorithms.numpy_policies import draw
 
 
 class ActorCriticNetwork(nn.Module):
@@ -77,10 +79,7 @@ class ActorCriticPolicy(Policy):
         log-probabilities, float32 [B]."""
         with torch.no_grad():
             log_probs = torch.log_softmax(self.net.policy(torch.from_numpy(obs)), 1).numpy()
-        cumulative = np.cumsum(np.exp(log_probs), axis=1)
-        draws = rng.random(len(obs)) * cumulative[:, -1]
-        actions = np.minimum((cumulative < draws[:, None]).sum(1), log_probs.shape[1] - 1)
-        return actions, log_probs[np.arange(len(obs)), actions].astype(np.float32)
+        return draw(log_probs, rng)
 
     def values(self, obs: np.ndarray) -> np.ndarray:
         """V(obs) [B] (an actor bootstraps a truncated episode's last reward with it)."""
@@ -100,8 +99,12 @@ class UnrollLearning(Learning):
     ):
         self.config, self.settings = config, settings
         self.net = build().to(device)
-        # eps 1e-5: Stable-Baselines3's and CleanRL's PPO (torch's default is 1e-8).
-        self.optimizer = adam(self.net.parameters(), config.learning_rate, eps=1e-5)
+
+    @functools.cached_property
+    def optimizer(self) -> torch.optim.Adam:
+        """Made on first use (see networks.adam); eps 1e-5: Stable-Baselines3's and CleanRL's
+        PPO (torch's default is 1e-8)."""
+        return adam(self.net.parameters(), self.config.learning_rate, eps=1e-5)
 
     def forward(self, batch: dict[str, torch.Tensor]):
         """logits [T, B, A], values [T, B] and the bootstrap values [B] of a batch of unrolls."""

@@ -237,3 +237,8 @@ class Builder(ABC):
 def prefixed(arrays: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
     """The arrays under prefix/, with the prefix taken off."""
     return {k[len(prefix) + 1 :]: v for k, v in arrays.items() if k.startswith(prefix + "/")}
+
+
+def hidden_sizes(text: str, default: str = "128,128") -> tuple[int, ...]:
+    """'128,128' -> (128, 128): the `hidden` setting (empty: the algorithm's `default`)."""
+    return tuple(int(h) for h in (text.strip() or default).split(",") if h.strip())

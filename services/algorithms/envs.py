@@ -106,6 +106,11 @@ class EnvSpec:
     def discrete(self) -> bool:
         return self.num_actions > 0
 
+    @property
+    def vector_obs(self) -> bool:
+        """1-D float observations (an MLP's input), as against uint8 [C, H, W] images."""
+        return len(self.obs_shape) == 1 and np.issubdtype(self.obs_dtype, np.floating)
+
 
 def make_env(
     env_id: str,

@@ -9,6 +9,7 @@ Weights travel over gRPC as raw float32 tensors, never pickle, so the helpers at
 turn a module into an ordered dict name -> numpy array and back.
 """
 
+import functools
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
@@ -82,11 +83,6 @@ def build_torso(
     )
 
 
-def hidden_sizes(text: str, default: str = "128,128") -> tuple[int, ...]:
-    """'128,128' -> (128, 128): the `hidden` setting (empty: the algorithm's `default`)."""
-    return tuple(int(h) for h in (text.strip() or default).split(",") if h.strip())
-
-
 def state_to_numpy(module: nn.Module) -> "OrderedDict[str, np.ndarray]":
     """All weights as name -> float32 C-contiguous arrays, copied (no aliasing of live weights)."""
     return OrderedDict(
@@ -112,7 +108,12 @@ def load_numpy_state(module: nn.Module, arrays: Mapping[str, np.ndarray]) -> Non
 
 def adam(parameters, lr: float, **options) -> torch.optim.Adam:
     """Adam as every learner here makes it: fused (one kernel over all parameters; a Nature-CNN
-    step on one CPU core takes 1.5 ms instead of 10.2, a 128x128 MLP's 0.13 instead of 0.31)."""
+    step on one CPU core takes 1.5 ms instead of 10.2, a 128x128 MLP's 0.13 instead of 0.31).
+
+    TargetNetworkLearning and the actor-critics' UnrollLearning make it on first use (an
+    update, a checkpoint), not in their constructor: the first Optimizer made imports
+    torch._dynamo (about 1.4 CPU s), and the learner publishes its first version, which every
+    actor waits for, before it trains."""
     return torch.optim.Adam(parameters, lr=lr, fused=True, **options)
 
 
@@ -148,7 +149,11 @@ class TargetNetworkLearning:
         self.config, self.settings = config, settings
         self.online, self.target = build().to(device), build().to(device)
         self.target.load_state_dict(self.online.state_dict())
-        self.optimizer = adam(self.online.parameters(), config.learning_rate)
+
+    @functools.cached_property
+    def optimizer(self) -> torch.optim.Adam:
+        """Made on first use (see adam)."""
+        return adam(self.online.parameters(), self.config.learning_rate)
 
     def step(self, loss: torch.Tensor, update: int) -> None:
         """One clipped gradient step; the target synced every target_update_interval."""

@@ -5,13 +5,14 @@ actors wait while it is full) that the learner reads in exact batches."""
 from dataclasses import dataclass
 
 from apexrl.algorithms.adders.unroll import UnrollAdder
-from apexrl.algorithms.base import Adder, Builder, ParameterSync, Policy
+from apexrl.algorithms.base import Adder, Builder, ParameterSync, Policy, hidden_sizes
 from apexrl.algorithms.columns import Column, unroll_columns
 from apexrl.algorithms.envs import is_atari
 from apexrl.config import ReplayTableConfig, option
 
 # The replay's own default name: a replay started with flat settings (one table) serves it.
 TABLE = "default"
+HIDDEN = "64,64"  # the MLP torsos' sizes unless the `hidden` setting says otherwise
 
 
 @dataclass
@@ -92,15 +93,19 @@ class OnPolicyBuilder(Builder):
 
     def network(self):
         from apexrl.algorithms.actor_critic import ActorCriticNetwork
-        from apexrl.algorithms.networks import hidden_sizes
 
         spec = self.spec
         return ActorCriticNetwork(
             spec.obs_shape, spec.obs_dtype, spec.num_actions,
-            hidden_sizes(self.config.hidden, "64,64"),
+            hidden_sizes(self.config.hidden, HIDDEN),
         )  # fmt: skip
 
     def policy(self):
+        """In numpy for MLPs (no torch in the actor: algorithms/numpy_policies.py)."""
+        if self.spec.vector_obs:
+            from apexrl.algorithms.numpy_policies import MLPActorCriticPolicy
+
+            return MLPActorCriticPolicy(len(hidden_sizes(self.config.hidden, HIDDEN)))
         from apexrl.algorithms.actor_critic import ActorCriticPolicy
 
         return ActorCriticPolicy(self.network())

@@ -9,7 +9,6 @@ own `on_stop` (e.g. a final checkpoint), then return so the process exits 0.
 """
 
 import asyncio
-import gc
 import inspect
 import json
 import logging
@@ -361,16 +360,6 @@ async def serve(
         for sig in signals:
             loop.remove_signal_handler(sig)
     log.info("stopped")
-    if signals:  # the process's own server (not one a test runs in a thread): it exits next
-        skip_exit_collections()
-
-
-def skip_exit_collections() -> None:
-    """Once a process has stopped: the interpreter's teardown skips the objects alive now in
-    its garbage collections (gc.freeze). With torch loaded those collections take seconds on a
-    busy 2-core machine: the process would exit long after its last line (each service's exit
-    is timed by tests/e2e/test_prompt_stops.py)."""
-    gc.freeze()
 
 
 def add_port(server: grpc.aio.Server, config: ServeConfig) -> int:
@@ -429,4 +418,3 @@ def run_worker(
     finally:
         metrics_http.shutdown()
     log.info("stopped")
-    skip_exit_collections()

@@ -21,7 +21,6 @@ import time
 import grpc
 import numpy as np
 import prometheus_client
-import torch
 
 from apexrl import algorithms
 from apexrl.algorithms.envs import RETURN_BUCKETS, EnvOptions
@@ -79,10 +78,10 @@ def run(
     if not 0 <= config.nice <= 19:
         raise ValueError(f"nice: must be 0 to 19, got {config.nice}")
     os.nice(config.nice)
-    torch.set_num_threads(config.threads)
     m = metrics or EvaluatorMetrics(registry)
     algorithm = algorithms.make(config)
     policy = algorithm.policy()
+    algorithms.set_torch_threads(config.threads)
     learner = LearnerClient(config.learner, retry_seconds=1.0, retry_cap=0.1, tls=config)
     version, lineage, backoff = 0, 0, Backoff(cap=2.0)
     newest = 0  # the learner's newest version at the last answer

@@ -42,7 +42,7 @@ def test_a_window_plays_each_version_in_order_while_the_learner_keeps_it(
     games = evaluator.Games.__call__
 
     def recording(self, episodes):
-        played.append(int(self.policy.net.logits.bias[0]))
+        played.append(int(self.policy.arrays["logits.bias"][0]))
         return games(self, episodes)
 
     monkeypatch.setattr(evaluator.Games, "__call__", recording)

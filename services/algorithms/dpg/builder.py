@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from apexrl.algorithms.base import hidden_sizes
 from apexrl.algorithms.columns import Column
 from apexrl.algorithms.exploration import noise_ladder
 from apexrl.algorithms.off_policy import SMALL_MACHINE, OffPolicyBuilder, OffPolicySettings
@@ -51,7 +52,6 @@ class DPGBuilder(OffPolicyBuilder):
 
     def networks(self):
         from apexrl.algorithms.dpg.networks import build_actor_critic
-        from apexrl.algorithms.networks import hidden_sizes
 
         spec = self.spec
         return build_actor_critic(

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from apexrl.algorithms.base import hidden_sizes
 from apexrl.algorithms.columns import Column
 from apexrl.algorithms.envs import is_atari
 from apexrl.algorithms.exploration import epsilon_ladder
@@ -89,7 +90,6 @@ class DQNBuilder(OffPolicyBuilder):
 
     def network(self):
         from apexrl.algorithms.dqn.networks import build_network
-        from apexrl.algorithms.networks import hidden_sizes
 
         spec, s = self.spec, self.settings
         return build_network(
@@ -99,6 +99,12 @@ class DQNBuilder(OffPolicyBuilder):
         )  # fmt: skip
 
     def policy(self):
+        """In numpy for a plain MLP (no torch in the actor: algorithms/numpy_policies.py)."""
+        s = self.settings
+        if self.spec.vector_obs and not s.noisy and not s.distributional:
+            from apexrl.algorithms.numpy_policies import MLPQPolicy
+
+            return MLPQPolicy(self.spec.num_actions, len(hidden_sizes(self.config.hidden)))
         from apexrl.algorithms.dqn.learning import DQNPolicy
 
         return DQNPolicy(self.network())

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from apexrl.algorithms.adders.nstep import NStepAdder
-from apexrl.algorithms.base import Adder, Builder, Policy
+from apexrl.algorithms.base import Adder, Builder, Policy, hidden_sizes
 from apexrl.algorithms.columns import Column, nstep_columns
 from apexrl.algorithms.exploration import epsilon_ladder
 from apexrl.algorithms.off_policy import TABLE
@@ -99,7 +99,6 @@ class NECBuilder(Builder):
 
     def network(self):
         from apexrl.algorithms.nec.learning import NECNetwork
-        from apexrl.algorithms.networks import hidden_sizes
 
         s, spec = self.settings, self.spec
         dnd = {"capacity": s.capacity, "neighbours": s.neighbours, "delta": s.delta,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from apexrl.algorithms.adders.sequence import SequenceAdder, check_sequence
-from apexrl.algorithms.base import Adder, Builder, Policy
+from apexrl.algorithms.base import Adder, Builder, Policy, hidden_sizes
 from apexrl.algorithms.columns import Column, stacked_columns
 from apexrl.algorithms.exploration import epsilon_ladder
 from apexrl.config import ReplayTableConfig, option
@@ -139,7 +139,6 @@ class R2D2Builder(Builder):
                              spec.obs_dtype, self.state_size, self.config.gamma, table=TABLE)  # fmt: skip
 
     def network(self):
-        from apexrl.algorithms.networks import hidden_sizes
         from apexrl.algorithms.r2d2.networks import build_network
 
         spec = self.spec

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from apexrl.algorithms.base import Adder, Policy
+from apexrl.algorithms.base import Adder, Policy, hidden_sizes
 from apexrl.algorithms.columns import (
     Column,
     compressed_observations,
@@ -34,6 +34,7 @@ from apexrl.algorithms.columns import (
 from apexrl.algorithms.envs import is_atari
 from apexrl.algorithms.impala.builder import IMPALABuilder
 from apexrl.algorithms.impala.builder import Settings as IMPALASettings
+from apexrl.algorithms.on_policy import HIDDEN
 from apexrl.algorithms.unreal.adders import WINDOW, ExperienceAdder, RewardWindowAdder
 from apexrl.config import ReplayTableConfig, option
 
@@ -152,12 +153,11 @@ class UNREALBuilder(IMPALABuilder):
         return [Stream(name, prioritized=False, batch_size=batch) for name in self.replayed]
 
     def network(self):
-        from apexrl.algorithms.networks import hidden_sizes
         from apexrl.algorithms.unreal.networks import UNREALNetwork
 
         spec, s = self.spec, self.settings
         return UNREALNetwork(
             spec.obs_shape, spec.obs_dtype, spec.num_actions,
-            hidden_sizes(self.config.hidden, "64,64"),
+            hidden_sizes(self.config.hidden, HIDDEN),
             pixel_control=s.pc_lambda > 0, reward_prediction=s.rp_lambda > 0,
         )  # fmt: skip

@@ -1,0 +1,127 @@
+"""Acting without torch: the policies of MLP networks on vector observations, in numpy, on the
+arrays the learner publishes (networks.state_to_numpy's names).
+
+Actors and evaluators of such policies never import torch, which costs each process about
+1.4 CPU seconds of start-up, several times what acting on CartPole costs in a minute. The
+learner trains the torch modules these mirror: dqn's dueling MLP (dqn/networks.py, without
+noisy or C51 heads) and the actor-critic MLPs of impala and ppo (actor_critic.py);
+tests/unit/test_numpy_policies.py checks that both give the same actions, log-probabilities,
+values and priorities on the same weights.
+"""
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from apexrl.algorithms.base import Policy
+from apexrl.algorithms.exploration import epsilon_greedy
+
+Arrays = Mapping[str, np.ndarray]
+
+
+def relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0)
+
+
+def linear(arrays: Arrays, name: str, x: np.ndarray) -> np.ndarray:
+    """torch.nn.Linear named `name`: x W^T + b."""
+    return x @ arrays[f"{name}.weight"].T + arrays[f"{name}.bias"]
+
+
+def mlp(arrays: Arrays, name: str, obs: np.ndarray, activation: Callable = relu) -> np.ndarray:
+    """networks.MLPTorso named `name` (Linear and activation pairs under `name`.layers.<i>) on
+    observations cast to float32."""
+    x = np.asarray(obs, np.float32)
+    layer = 0
+    while f"{name}.layers.{layer}.weight" in arrays:
+        x = activation(linear(arrays, f"{name}.layers.{layer}", x))
+        layer += 2
+    return x
+
+
+def mlp_names(name: str, depth: int) -> set[str]:
+    return {f"{name}.layers.{2 * i}.{p}" for i in range(depth) for p in ("weight", "bias")}
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+
+
+def draw(log_probs: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """An action per row of log-probabilities [B, A], drawn with the actor's generator, and
+    its log-probability, float32 [B]."""
+    cumulative = np.cumsum(np.exp(log_probs), axis=1)
+    draws = rng.random(len(log_probs)) * cumulative[:, -1]
+    actions = np.minimum((cumulative < draws[:, None]).sum(1), log_probs.shape[1] - 1)
+    return actions, log_probs[np.arange(len(log_probs)), actions].astype(np.float32)
+
+
+class NumpyPolicy(Policy):
+    """Holds the published arrays it acts with, refusing a set that lacks one (others, such as
+    the auxiliary heads of unreal's network, are not needed to act and are left out)."""
+
+    def __init__(self, names: set[str]):
+        self.names = names
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def load(self, arrays: dict[str, np.ndarray]) -> None:
+        missing = sorted(self.names - set(arrays))
+        if missing:
+            raise ValueError(f"weight names differ: missing {missing}")
+        self.arrays = {name: np.asarray(arrays[name], np.float32) for name in self.names}
+
+
+class MLPQPolicy(NumpyPolicy):
+    """dqn's DQNPolicy for a dueling MLP: epsilon-greedy on Q = V + A - mean(A)."""
+
+    def __init__(self, num_actions: int, depth: int):
+        heads = {f"{head}.{p}" for head in ("value", "advantage") for p in ("weight", "bias")}
+        super().__init__(mlp_names("torso", depth) | heads)
+        self.num_actions = num_actions
+
+    def q(self, obs: np.ndarray) -> np.ndarray:
+        features = mlp(self.arrays, "torso", obs)
+        value = linear(self.arrays, "value", features)
+        advantage = linear(self.arrays, "advantage", features)
+        return value + advantage - advantage.mean(axis=1, keepdims=True)
+
+    def act(self, obs: np.ndarray, exploration: float, rng: np.random.Generator) -> np.ndarray:
+        return epsilon_greedy(self.q(obs).argmax(1), exploration, self.num_actions, rng)
+
+    def priorities(self, items: dict[str, np.ndarray]) -> np.ndarray:
+        """|TD error| of the double-DQN target with the actor's network as online and target
+        (Ape-X): y = reward + discount * max_a Q(next_obs, a)."""
+        target = items["reward"] + items["discount"] * self.q(items["next_obs"]).max(1)
+        q = self.q(items["obs"])[np.arange(len(target)), items["action"]]
+        return np.abs(target - q).astype(np.float32)
+
+
+class MLPActorCriticPolicy(NumpyPolicy):
+    """impala's and ppo's ActorCriticPolicy for tanh MLP torsos: actors sample the policy and
+    record the log-probabilities; evaluation takes the most likely action."""
+
+    def __init__(self, depth: int):
+        heads = {f"{head}.{p}" for head in ("logits", "value") for p in ("weight", "bias")}
+        super().__init__(mlp_names("policy_torso", depth) | mlp_names("value_torso", depth) | heads)
+
+    def log_probs(self, obs: np.ndarray) -> np.ndarray:
+        features = mlp(self.arrays, "policy_torso", obs, np.tanh)
+        return log_softmax(linear(self.arrays, "logits", features))
+
+    def act(self, obs: np.ndarray, exploration: float, rng: np.random.Generator) -> np.ndarray:
+        if exploration > 0:
+            return draw(self.log_probs(obs), rng)[0]
+        return self.log_probs(obs).argmax(1)
+
+    def step(self, obs, exploration, rng):
+        actions, log_probs = draw(self.log_probs(obs), rng)
+        return actions, {"log_probs": log_probs}
+
+    def values(self, obs: np.ndarray) -> np.ndarray:
+        """V(obs) [B] (an actor bootstraps a truncated episode's last reward with it)."""
+        return linear(self.arrays, "value", mlp(self.arrays, "value_torso", obs, np.tanh))[:, 0]
+
+    def priorities(self, items: dict[str, np.ndarray]) -> np.ndarray:
+        """Unrolls are consumed in order, not by priority: all 1."""
+        return np.ones(len(items["actions"]), np.float32)
