@@ -5,9 +5,16 @@ Local mode, containers and Kubernetes all start the services through these comma
 
 import dataclasses
 import functools
+import os
 import sys
 
-from apexrl import config as cfg
+# numpy's OpenBLAS runs a thread per core whose workers spin between calls: an actor acting
+# on an MLP in numpy (a few small products a step) then kept 1.25 cores busy, starving the
+# learner on a 2-core machine. One process, one core (torch's threads are the `threads`
+# setting); set before anything imports numpy.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from apexrl import config as cfg  # noqa: E402
 
 
 def _setup(cls, argv: list[str], section: str):
@@ -164,7 +171,6 @@ def _exit_now() -> None:
     process ends here, without the interpreter's teardown of torch and grpc, which took up to
     seconds on a busy 2-core machine (tests/e2e/test_prompt_stops.py times every exit)."""
     import logging
-    import os
 
     logging.shutdown()
     sys.stdout.flush()

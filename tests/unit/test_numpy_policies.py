@@ -2,6 +2,7 @@
 the same Q-values, actions, log-probabilities, values and initial priorities on the same
 published weights; and an actor or evaluator of an MLP policy never imports torch."""
 
+import os
 import subprocess
 import sys
 
@@ -141,3 +142,16 @@ print(sorted(m for m in sys.modules if m.split(".")[0] == "torch"))
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_a_service_process_runs_numpy_on_one_blas_thread():
+    """OpenBLAS's workers spin between calls: with one per core, an actor acting in numpy kept
+    1.25 cores busy. A process that imports apexrl.cli first (every service) has no worker
+    thread besides its own."""
+    code = "import os, apexrl.cli, numpy; print(len(os.listdir('/proc/self/task')))"
+    environ = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=environ
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "1"
