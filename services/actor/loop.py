@@ -277,19 +277,20 @@ class Actor:
         options = EnvOptions.of(config)
         self.envs, self.obs = make_vector_env(config.env, config.num_envs, seed % 2**31, options)
         self.policy.episode_starts(np.ones(config.num_envs, bool))
-        replay = connect(
-            config.replay, table=self.adder.table, timeout=30.0, retry_seconds=1.0, tls=config
-        )
+        replay = connect(config.replay, table=self.adder.table, timeout=30.0, retry_seconds=1.0,
+                         tls=config, stop=stop)  # fmt: skip
         self.buffer = InsertBuffer(replay, config.buffer_limit, metrics, stop)
         self.others = [
             Outlet(adder, builder.table_columns(adder.table), InsertBuffer(
                 connect(config.replay, table=adder.table, timeout=30.0, retry_seconds=1.0,
-                        tls=config), config.buffer_limit, metrics, stop))
+                        tls=config, stop=stop), config.buffer_limit, metrics, stop))
             for adder in others
         ]  # fmt: skip
         # Tries at most 0.1 s apart: an actor that starts before the learner serves (local mode
         # starts every process at once) slept up to 0.6 s past the moment it could have begun.
-        learner = LearnerClient(config.learner, retry_seconds=1.0, retry_cap=0.1, tls=config)
+        learner = LearnerClient(
+            config.learner, retry_seconds=1.0, retry_cap=0.1, tls=config, stop=stop
+        )
         self.puller = ParameterPuller(learner, actor_id, metrics)
         log.info(
             "actor %s: %s x%d, waiting for parameters from %s",

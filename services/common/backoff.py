@@ -2,6 +2,7 @@
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -44,11 +45,17 @@ class Backoff:
 
 
 def retry_unavailable(
-    call: Callable[[], T], what: str, retry_seconds: float | None, cap: float = 5.0
+    call: Callable[[], T],
+    what: str,
+    retry_seconds: float | None,
+    cap: float = 5.0,
+    stop: threading.Event | None = None,
 ) -> T:
     """Calls `call` until it does not fail with UNAVAILABLE, for at most `retry_seconds` (None:
-    forever), with Backoff delays up to `cap`. The first retry of a call is logged at INFO,
-    the rest at DEBUG (a server away for a while is one line per call, not one per try)."""
+    forever), with Backoff delays up to `cap`, and no more once `stop` is set (a stopping
+    process tries once, it does not wait for a server that is away). The first retry of a
+    call is logged at INFO, the rest at DEBUG (a server away for a while is one line per
+    call, not one per try)."""
     backoff = Backoff(initial=min(0.1, cap), cap=cap)
     give_up = None if retry_seconds is None else time.monotonic() + retry_seconds
     level = logging.INFO
@@ -59,10 +66,14 @@ def retry_unavailable(
             if err.code() != grpc.StatusCode.UNAVAILABLE:
                 raise
             delay = backoff.next_delay()
-            if give_up is not None and time.monotonic() + delay > give_up:
+            stopping = stop is not None and stop.is_set()
+            if stopping or (give_up is not None and time.monotonic() + delay > give_up):
                 raise
             log.log(
                 level, "%s: server unavailable (%s), retrying in %.2f s", what, err.details(), delay
             )
             level = logging.DEBUG
-            time.sleep(delay)
+            if stop is None:
+                time.sleep(delay)
+            elif stop.wait(delay):
+                raise

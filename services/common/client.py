@@ -1,6 +1,7 @@
 """What every apexrl gRPC client shares: one channel with explicit limits, fast reconnects and
 optional (mutual) TLS, deadlines on every call, retries while the server is UNAVAILABLE."""
 
+import threading
 from collections.abc import Callable
 from typing import Self, TypeVar
 
@@ -42,12 +43,14 @@ class GrpcClient:
         max_message_mb: int = 512,
         tls: ClientTLSConfig | None = None,
         channel_options: tuple = (),
+        stop: threading.Event | None = None,
     ):
         """timeout: deadline of each call, seconds; retry_seconds: how long to retry while the
         server is UNAVAILABLE (None: forever), waiting up to retry_cap seconds between tries;
-        tls: CA (and client certificate) files; channel_options: more gRPC channel arguments."""
+        tls: CA (and client certificate) files; channel_options: more gRPC channel arguments;
+        stop: the process's stop, after which a call is tried once, not retried."""
         self.address, self.timeout, self.retry_seconds = address, timeout, retry_seconds
-        self.retry_cap = retry_cap
+        self.retry_cap, self.stop = retry_cap, stop
         options = message_options(max_message_mb) + RECONNECT_OPTIONS + list(channel_options)
         credentials = channel_credentials(tls)
         self.channel = (
@@ -66,4 +69,6 @@ class GrpcClient:
         self.close()
 
     def _retry(self, call: Callable[[], T], what: str) -> T:
-        return retry_unavailable(call, f"{self.address} {what}", self.retry_seconds, self.retry_cap)
+        return retry_unavailable(
+            call, f"{self.address} {what}", self.retry_seconds, self.retry_cap, self.stop
+        )

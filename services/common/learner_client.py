@@ -5,6 +5,7 @@ through the wire contract without importing the learner service (services never 
 each other).
 """
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,9 +50,7 @@ class LearnerClient(GrpcClient):
             wait_seconds=wait_seconds, in_order=in_order,
         )  # fmt: skip
         timeout = self.timeout + wait_seconds
-        response = self._retry(
-            lambda: self.stub.GetParameters(request, timeout=timeout), "get_parameters"
-        )
+        response = self._retry(lambda: self._until_stop(request, timeout), "get_parameters")
         return Parameters(
             version=response.version,
             lineage=response.lineage,
@@ -66,6 +65,22 @@ class LearnerClient(GrpcClient):
             algorithm=response.algorithm,
             newest_version=response.newest_version,
         )
+
+    def _until_stop(
+        self, request: learner_pb2.GetParametersRequest, timeout: float
+    ) -> learner_pb2.GetParametersResponse:
+        """GetParameters, cancelled (grpc.FutureCancelledError) once the process's stop is set:
+        a stopping actor or evaluator does not wait out a long poll."""
+        if self.stop is None:
+            return self.stub.GetParameters(request, timeout=timeout)
+        call = self.stub.GetParameters.future(request, timeout=timeout)
+        done = threading.Event()
+        call.add_done_callback(lambda _: done.set())
+        while not done.wait(0.02):  # woken by the answer; looks at stop every 20 ms
+            if self.stop.is_set():
+                call.cancel()
+                break
+        return call.result()
 
     def report_evaluation(
         self,

@@ -82,7 +82,7 @@ def run(
     algorithm = algorithms.make(config)
     policy = algorithm.policy()
     algorithms.set_torch_threads(config.threads)
-    learner = LearnerClient(config.learner, retry_seconds=1.0, retry_cap=0.1, tls=config)
+    learner = LearnerClient(config.learner, retry_seconds=1.0, retry_cap=0.1, tls=config, stop=stop)
     version, lineage, backoff = 0, 0, Backoff(cap=2.0)
     newest = 0  # the learner's newest version at the last answer
     best = -math.inf  # the best score the learner keeps (from its answers)

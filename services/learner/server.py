@@ -40,9 +40,8 @@ def build(
     learner = Learner(config, algorithm, metrics, store)
     best = BestModel(config, learner.learning.parameters())
     servicer = LearnerServicer(store, leases, metrics.live_actors, best, algorithm)
-    replay = connect(
-        config.replay, table=learner.dataset.table, timeout=30.0, retry_seconds=None, tls=config
-    )
+    replay = connect(config.replay, table=learner.dataset.table, timeout=30.0,
+                     retry_seconds=None, tls=config, stop=learner.stop)  # fmt: skip
 
     def train() -> None:
         try:

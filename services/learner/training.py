@@ -237,7 +237,7 @@ class Learner:
         auxiliary = []
         for dataset in self.auxiliary:
             client = connect(self.config.replay, table=dataset.table, timeout=30.0,
-                             retry_seconds=None, tls=self.config)  # fmt: skip
+                             retry_seconds=None, tls=self.config, stop=self.stop)  # fmt: skip
             try:
                 self.check_table(client.info())
             except Exception:

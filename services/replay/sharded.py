@@ -94,12 +94,14 @@ class ShardedReplayClient:
         timeout: float = 30.0,
         retry_seconds: float | None = 60.0,
         seed: int | None = None,
+        stop: threading.Event | None = None,
         **options,
     ):
         """options: max_message_mb, tls (see GrpcClient). retry_seconds: how long a call waits
-        for some shard to answer (None: forever)."""
+        for some shard to answer (None: forever); not at all once `stop` (the process's) is
+        set."""
         self.address, self.table, self.timeout = address, table, timeout
-        self.retry_seconds = retry_seconds
+        self.retry_seconds, self.stop = retry_seconds, stop or threading.Event()
         self._options = options
         self._dns = address.startswith(DNS_PREFIX)
         self._listed = [] if self._dns else [a.strip() for a in address.split(",")]
@@ -272,7 +274,8 @@ class ShardedReplayClient:
             waited = time.monotonic() - started
             if self.retry_seconds is not None and waited >= self.retry_seconds:
                 raise NoShard(f"replay {what}: no shard of {self.address} answers")
-            time.sleep(backoff.next_delay())
+            if self.stop.wait(backoff.next_delay()):
+                raise NoShard(f"replay {what}: no shard of {self.address} answers (stopping)")
             self._discover(force=True)
 
     # --- verbs -----------------------------------------------------------------------------

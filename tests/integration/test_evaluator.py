@@ -3,12 +3,14 @@ plays, in order or not, and what it counts as skipped."""
 
 import threading
 
+import grpc
 import numpy as np
 import prometheus_client
 import pytest
 
 from apexrl import algorithms
 from apexrl.algorithms.networks import state_to_numpy
+from apexrl.common.learner_client import LearnerClient
 from apexrl.config import EvaluatorConfig, LearnerConfig
 from apexrl.evaluator import loop as evaluator
 from apexrl.learner.parameters import ParameterStore
@@ -75,3 +77,22 @@ def test_bad_settings_are_refused_naming_them(name, bad):
     settings = EvaluatorConfig(algorithm="ppo", env=ENV, learner="127.0.0.1:1", **{name: bad})
     with pytest.raises(ValueError, match=name):
         evaluator.run(settings, prometheus_client.CollectorRegistry(), threading.Event())
+
+
+def test_a_long_poll_is_cancelled_when_the_process_stops(tmp_path):
+    """An actor's or evaluator's long poll for a version newer than the newest is cancelled
+    once the process's stop is set, instead of being waited out (30 s here)."""
+    config = LearnerConfig(algorithm="ppo", env=ENV, checkpoint_dir=str(tmp_path / "ckpt"))
+    arrays = state_to_numpy(algorithms.make(config).network())
+    store = ParameterStore(history_bytes=0)
+    version = store.publish(arrays, update_step=0)
+    stop = threading.Event()
+    with serve_learner(tmp_path, store, arrays, config) as (address, _):
+        client = LearnerClient(address, retry_seconds=1.0, stop=stop)
+        try:
+            assert client.get_parameters().version == version  # answered while not stopping
+            threading.Timer(0.3, stop.set).start()
+            with pytest.raises(grpc.FutureCancelledError):
+                client.get_parameters(version, have_lineage=store.lineage, wait_seconds=30.0)
+        finally:
+            client.close()

@@ -1,6 +1,7 @@
 """retry_unavailable: retries only UNAVAILABLE, within retry_seconds, delays bounded by cap."""
 
 import logging
+import threading
 
 import grpc
 import pytest
@@ -73,3 +74,25 @@ def test_gives_up_when_the_next_delay_would_pass_retry_seconds(slept, monkeypatc
         backoff.retry_unavailable(call, "learner get_parameters", 0.35, cap=0.1)
     # tries at 0, 0.1, 0.2 and 0.3 s; one more 0.1 s delay would end past 0.35 s
     assert len(calls) == 4 and slept == pytest.approx([0.1, 0.1, 0.1])
+
+
+def test_a_stopping_process_tries_once_and_does_not_wait(slept):
+    """Once the process's stop is set, an UNAVAILABLE call is raised at once: no retry, no
+    delay (a stopping actor does not wait for a replay that is away)."""
+    call, calls = failing(3)
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(Failure):
+        backoff.retry_unavailable(call, "x", retry_seconds=None, stop=stop)
+    assert len(calls) == 1 and slept == []
+
+
+def test_a_stop_during_the_delay_ends_the_retries():
+    """stop set while a retry waits: the wait ends and the last error is raised, long before
+    the delay bound of an hour would have passed."""
+    call, calls = failing(10)
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    with pytest.raises(Failure):
+        backoff.retry_unavailable(call, "x", retry_seconds=None, cap=3600.0, stop=stop)
+    assert stop.is_set() and len(calls) < 10
