@@ -136,7 +136,10 @@ class ReplayTableConfig:
 
     name: str = option("", "table name (required, unique in the server)")
     capacity: int = option(1_000_000, "items the table holds")
-    sampler: str = option("prioritized", "prioritized, uniform, fifo (oldest first) or lifo")
+    sampler: str = option(
+        "prioritized",
+        "prioritized, uniform, fifo (oldest first), lifo or balanced (half of a batch marked)",
+    )
     remover: str = option(
         "fifo", "at capacity: fifo (evict the oldest) or none (inserts wait: a queue)"
     )
@@ -194,7 +197,10 @@ class ReplayConfig(ServeConfig):
     )
     table: str = option("default", "table name")
     capacity: int = option(1_000_000, "items the table holds; FIFO eviction beyond")
-    sampler: str = option("prioritized", "prioritized, uniform, fifo (oldest first) or lifo")
+    sampler: str = option(
+        "prioritized",
+        "prioritized, uniform, fifo (oldest first), lifo or balanced (half of a batch marked)",
+    )
     remover: str = option(
         "fifo", "at capacity: fifo (evict the oldest) or none (inserts wait: a queue)"
     )
