@@ -27,7 +27,7 @@ from grpc_reflection.v1alpha import reflection
 
 from apexrl.common.authz import Authorizer
 from apexrl.common.errors import InvalidArgument, RequestError
-from apexrl.common.metrics_http import start_metrics_server
+from apexrl.common.metrics_http import start_metrics_server, stop_metrics_server
 from apexrl.config import ProcessConfig, ServeConfig
 
 log = logging.getLogger(__name__)
@@ -356,7 +356,7 @@ async def serve(
         if service.on_stop is not None:
             await service.on_stop()
     finally:
-        metrics_http.shutdown()
+        stop_metrics_server(metrics_http)
         for sig in signals:
             loop.remove_signal_handler(sig)
     log.info("stopped")
@@ -416,5 +416,5 @@ def run_worker(
     try:
         work(stop)
     finally:
-        metrics_http.shutdown()
+        stop_metrics_server(metrics_http)
     log.info("stopped")

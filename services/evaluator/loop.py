@@ -24,7 +24,7 @@ import prometheus_client
 
 from apexrl import algorithms
 from apexrl.algorithms.envs import RETURN_BUCKETS, EnvOptions
-from apexrl.algorithms.evaluation import evaluate
+from apexrl.algorithms.evaluation import Stopped, evaluate
 from apexrl.common.backoff import Backoff
 from apexrl.common.learner_client import LearnerClient
 from apexrl.config import EvaluatorConfig
@@ -86,7 +86,7 @@ def run(
     version, lineage, backoff = 0, 0, Backoff(cap=2.0)
     newest = 0  # the learner's newest version at the last answer
     best = -math.inf  # the best score the learner keeps (from its answers)
-    play = Games(policy, config)
+    play = Games(policy, config, stop)
     videos = None
     if config.video_every:
         from apexrl.algorithms.video import BestVideos
@@ -135,6 +135,8 @@ def run(
                 if recorded is not None:
                     log.info("video of version %d: %s", version, recorded)
             stop.wait(max(0.0, config.interval - (time.monotonic() - started)))
+    except Stopped:  # SIGTERM during a round: its episodes are abandoned, nothing reported
+        pass
     finally:
         learner.close()
 
@@ -142,13 +144,13 @@ def run(
 class Games:
     """Plays episodes of the policy, every episode on a seed of its own, counting up."""
 
-    def __init__(self, policy, config: EvaluatorConfig):
-        self.policy, self.config, self.next_seed = policy, config, config.seed
+    def __init__(self, policy, config: EvaluatorConfig, stop: threading.Event | None = None):
+        self.policy, self.config, self.next_seed, self.stop = policy, config, config.seed, stop
 
     def __call__(self, episodes: int) -> np.ndarray:
         c = self.config
         returns = evaluate(
-            self.policy, c.env, episodes, self.next_seed, c.epsilon, EnvOptions.of(c)
+            self.policy, c.env, episodes, self.next_seed, c.epsilon, EnvOptions.of(c), self.stop
         )
         self.next_seed += episodes
         return returns

@@ -25,10 +25,12 @@ pytestmark = pytest.mark.slow
 
 # Seconds from SIGTERM to exit: 1 s, and for the learner 1 s more for what it must finish (its
 # final checkpoint). Nothing else is waited for: a stopped service exits without the
-# interpreter's teardown (cli.py), clients do not retry once their process stops and long
-# polls are cancelled (common/backoff.py, common/learner_client.py). On a quiet 2-core
-# machine the 32 exits of this file took 0.06-0.77 s, the learners' 0.52-0.92 s (2026-12-03,
-# `pytest -s tests/e2e/test_prompt_stops.py`).
+# interpreter's teardown (cli.py), clients do not retry once their process stops, long polls
+# and evaluation rounds are cancelled (common/backoff.py, common/learner_client.py,
+# algorithms/evaluation.py) and /metrics stops without waiting for its poll loop
+# (common/metrics_http.py). On a 2-core machine at a load average of 5-6 (a soak running
+# beside it) the 32 exits of this file took 0.02-0.98 s, the learners' 0.17-0.67 s
+# (2026-12-03, `pytest -s tests/e2e/test_prompt_stops.py`).
 BOUND = 1.0
 LEARNER_BOUND = 2.0
 
