@@ -626,9 +626,8 @@ def main(argv: list[str]) -> int:
     stop, observers_stop = threading.Event(), threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     run.start_all()
-    if not any(c.name == "evaluator" for c in run.children):  # local mode starts it later
-        run.start_evaluator()
-        run.wait_ready([run.evaluator])
+    run.start_evaluator()  # once the others serve, as local mode starts it
+    run.wait_ready([run.evaluator])
     supervisor = Supervisor(run, history)
     nemesis = Nemesis(run, supervisor, args, random.Random(args.seed))
     observers = [
