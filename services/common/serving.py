@@ -102,6 +102,7 @@ class RpcMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=registry,
         )
+        self.running = 0  # handlers running now (the event loop's thread only)
 
 
 def _rpc_type(handler: grpc.RpcMethodHandler) -> str:
@@ -169,6 +170,7 @@ def _metered(
 
         async def wrapped(request, context):
             started_counter.inc()
+            metrics.running += 1
             started, error = time.perf_counter(), None
             try:
                 result = behavior(checked(request, context), context)
@@ -183,6 +185,7 @@ def _metered(
                 error = err
                 raise
             finally:
+                metrics.running -= 1
                 finish(context, started, error)
 
     else:
@@ -190,6 +193,7 @@ def _metered(
 
         async def wrapped(request, context):
             started_counter.inc()
+            metrics.running += 1
             started, error = time.perf_counter(), None
             try:
                 return await behavior(checked(request, context), context)
@@ -199,6 +203,7 @@ def _metered(
                 error = err
                 raise
             finally:
+                metrics.running -= 1
                 finish(context, started, error)
 
     make = {
@@ -301,8 +306,9 @@ async def serve(
     authorizer = (
         Authorizer.from_config(config.authorization, registry) if config.tls_client_ca else None
     )
+    rpc_metrics = RpcMetrics(registry)
     server = grpc.aio.server(
-        interceptors=[ServiceInterceptor(RpcMetrics(registry), authorizer)],
+        interceptors=[ServiceInterceptor(rpc_metrics, authorizer)],
         # gRPC binds with SO_REUSEPORT by default: a second server on a taken port would
         # start and silently take half of its connections; its bind fails instead.
         options=message_options(config.max_message_mb)
@@ -352,7 +358,7 @@ async def serve(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await server.stop(config.grace_seconds)
+        await stop_server(server, rpc_metrics, config.grace_seconds)
         if service.on_stop is not None:
             await service.on_stop()
     finally:
@@ -360,6 +366,18 @@ async def serve(
         for sig in signals:
             loop.remove_signal_handler(sig)
     log.info("stopped")
+
+
+async def stop_server(server: grpc.aio.Server, rpc_metrics: RpcMetrics, grace: float) -> None:
+    """Gives the handlers still running up to `grace` seconds to finish, then ends every call.
+    A call whose handler is done can still be in flight, its answer waiting for a peer that
+    does not read (a client's prefetch queue is full): waiting for those would hold the stop
+    for the whole grace."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    while rpc_metrics.running and loop.time() < deadline:
+        await asyncio.sleep(0.02)
+    await server.stop(0)
 
 
 def add_port(server: grpc.aio.Server, config: ServeConfig) -> int:

@@ -56,6 +56,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
         self._checkpoint_lock = asyncio.Lock()
         self._stopping = False
         self._idle_streams: set[asyncio.Task] = set()  # waiting for their next request
+        self._sample_streams: set[asyncio.Task] = set()  # serving SampleStream
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -102,7 +103,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
         request (they end UNAVAILABLE): what a stream sent before was answered, and a client
         that keeps its stream open must not hold the server's stop for its whole grace."""
         self._stopping = True
-        for task in list(self._idle_streams):
+        for task in list(self._idle_streams) + list(self._sample_streams):
             task.cancel()
         await self._notify()
 
@@ -171,10 +172,17 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
         return await self._sample(request, context)
 
     async def SampleStream(self, request, context):
-        sent = 0
-        while (request.max_batches == 0 or sent < request.max_batches) and not self._stopping:
-            yield await self._sample(request.sample, context)
-            sent += 1
+        """Batches until max_batches or shutdown, which cancels the stream even while a batch
+        waits for the client to read (a full prefetch queue holds it by flow control)."""
+        task = asyncio.current_task()
+        self._sample_streams.add(task)
+        try:
+            sent = 0
+            while (request.max_batches == 0 or sent < request.max_batches) and not self._stopping:
+                yield await self._sample(request.sample, context)
+                sent += 1
+        finally:
+            self._sample_streams.discard(task)
 
     async def UpdatePriorities(self, request, context):
         return self._update_priorities(request)

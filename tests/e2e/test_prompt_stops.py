@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from apexrl import local
+from apexrl import algorithms, local
 from apexrl.common import checkpoint
 from apexrl.replay.client import ReplayClient
 from tests.conftest import wait_for
@@ -27,14 +27,19 @@ pytestmark = pytest.mark.slow
 # final checkpoint). Nothing else is waited for: a stopped service exits without the
 # interpreter's teardown (cli.py), clients do not retry once their process stops, long polls
 # and evaluation rounds are cancelled (common/backoff.py, common/learner_client.py,
-# algorithms/evaluation.py) and /metrics stops without waiting for its poll loop
-# (common/metrics_http.py). On a 2-core machine at a load average of 5-6 (a soak running
-# beside it) the 32 exits of this file took 0.02-0.98 s, the learners' 0.17-0.67 s
-# (2026-12-03, `pytest -s tests/e2e/test_prompt_stops.py`).
+# algorithms/evaluation.py), /metrics stops without waiting for its poll loop
+# (common/metrics_http.py), and a server ends the calls whose handlers are done but whose
+# answers wait for a peer that does not read (common/serving.py: stop_server). On a 2-core
+# machine at a load average of 6-7 (a soak running beside it) the 64 exits of this file took
+# 0.02-0.72 s, the learners' 0.17-0.67 s (2026-12-03, `pytest -s
+# tests/e2e/test_prompt_stops.py`); unreal's replay took its whole 10 s grace before.
 BOUND = 1.0
 LEARNER_BOUND = 2.0
 
-ENVS = {"dqn": "CartPole-v1", "dpg": "Pendulum-v1", "impala": "CartPole-v1", "ppo": "CartPole-v1"}
+# Every registered algorithm (a test below keeps this list whole).
+ENVS = {"dqn": "CartPole-v1", "rainbow": "CartPole-v1", "nec": "CartPole-v1",
+        "r2d2": "CartPole-v1", "dpg": "Pendulum-v1", "impala": "CartPole-v1",
+        "ppo": "CartPole-v1", "unreal": "CartPole-v1"}  # fmt: skip
 
 
 def stop_timed(children: list) -> dict[str, tuple[float, int]]:
@@ -55,10 +60,11 @@ def stop_timed(children: list) -> dict[str, tuple[float, int]]:
 
 
 def queue_books(run) -> tuple[int, int, int] | None:
-    """(inserts, samples, size) of the replay's table when it is a queue, else None."""
-    (table,) = run.settings["replay"]["tables"]
-    if table["rate_limiter"] != "queue":
+    """(inserts, samples, size) of the replay's queue table if it has one, else None."""
+    queues = [t for t in run.settings["replay"]["tables"] if t["rate_limiter"] == "queue"]
+    if not queues:
         return None
+    (table,) = queues
     replay = next(c for c in run.children if c.name == "replay")
     address = f"127.0.0.1:{replay.ports['port']}"
     with ReplayClient(address, table=table["name"], timeout=10, retry_seconds=5) as client:
@@ -119,3 +125,7 @@ def test_every_service_stops_within_seconds_of_sigterm(tmp_path, algorithm, orde
     # checkpoints at exit only), holding at least the updates seen before the SIGTERM.
     _, meta, _ = checkpoint.load_newest(run.checkpoint_dir, "learner")
     assert meta["algorithm"] == algorithm and meta["update_step"] >= trained
+
+
+def test_every_registered_algorithm_is_stopped_above():
+    assert set(ENVS) == set(algorithms.ALGORITHMS)
