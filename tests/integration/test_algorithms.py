@@ -45,7 +45,7 @@ def test_dpg_actors_and_learner_train_through_the_same_services(service_process)
     ]
     # Both actors act and insert; the learner trains on what they sent and publishes versions:
     # its actor has learned to climb its critic on the states the actors sent.
-    wait_for(lambda: metric(learner.metrics_port, "apexrl_learner_updates_total") >= 200, 120,
+    wait_for(lambda: metric(learner.metrics_port, "apexrl_learner_updates_total") >= 400, 180,
              "DPG updates")  # fmt: skip
     with ReplayClient(replay.address) as client:
         batch = client.sample(32)
