@@ -6,7 +6,9 @@
     .venv/bin/python benchmarks/time_to_solve.py --seeds 5 \
         --task cartpole-ppo cartpole-impala acrobot-ppo acrobot-impala  # on-policy, side by side
 
-Tasks: cartpole (CartPole-v1, target 475; apexrl dqn vs SB3 DQN), acrobot (Acrobot-v1, -100;
+Tasks: cartpole (CartPole-v1, target 475; apexrl dqn vs SB3 DQN), novelocity-r2d2 and
+novelocity-dqn (apexrl/CartPoleNoVelocity-v1, 475: r2d2, and the feed-forward dqn beside it; no SB3
+peer), cartpole-r2d2 (CartPole-v1, 475), acrobot (Acrobot-v1, -100;
 dqn vs SB3 DQN), pendulum (Pendulum-v1, -200, gymnasium gives it no threshold; apexrl dpg vs
 SB3 TD3), mountaincar (MountainCarContinuous-v0, 90; dpg vs TD3), lunarlander
 (LunarLanderContinuous-v3, 200, needs the `continuous` extra: box2d; dpg vs TD3). SB3 runs with
@@ -98,6 +100,13 @@ PPO_ACROBOT = dict(
     targets=ON_POLICY_TARGETS,
 )  # fmt: skip
 
+R2D2_TARGETS = (
+    "r2d2: solved on every seed within 300 s, every saved best model holding its"
+    " score over 100 fresh episodes; dqn beside it on the same env and budget"
+)
+NO_VELOCITY = dict(env="apexrl/CartPoleNoVelocity-v1", target=475.0, sb3=None,
+                   targets=R2D2_TARGETS)  # fmt: skip
+
 # Per task: env, target, apexrl's algorithm, the SB3 peer with its rl-baselines3-zoo settings.
 TASKS = {
     "cartpole": dict(
@@ -143,6 +152,11 @@ TASKS = {
                  policy_kwargs=dict(net_arch=[400, 300])),
         noise_std=0.1,
     ),
+    # Partially observed: no SB3 peer; apexrl's feed-forward dqn is the one to run beside r2d2.
+    "novelocity-r2d2": NO_VELOCITY | dict(algorithm="r2d2"),
+    "novelocity-dqn": NO_VELOCITY | dict(algorithm="dqn"),
+    "cartpole-r2d2": dict(env="CartPole-v1", target=475.0, algorithm="r2d2", sb3=None,
+                          targets=R2D2_TARGETS),
     "cartpole-ppo": PPO_CARTPOLE | dict(algorithm="ppo"),
     "cartpole-impala": PPO_CARTPOLE | dict(algorithm="impala"),
     "acrobot-ppo": PPO_ACROBOT | dict(algorithm="ppo"),
@@ -511,7 +525,7 @@ def main() -> None:
     peers: dict[tuple, dict] = {}  # (SB3 algorithm, env, seed): one run serves every task with it
     for name in args.task:
         task = TASKS[name]
-        zoo_steps = task["zoo_timesteps"] * (1 if "zoo_linear" in task else 4)
+        zoo_steps = task.get("zoo_timesteps", 0) * (1 if "zoo_linear" in task else 4)
         max_steps = args.sb3_max_steps or zoo_steps
         results: dict[str, list[dict]] = {"apexrl": [], "sb3": []}
         with tempfile.TemporaryDirectory(prefix="apexrl-tts-") as tmp:
@@ -521,7 +535,7 @@ def main() -> None:
                         run_apexrl(task, seed, args.budget, Path(tmp), args.apexrl_config)
                     )
                     print(json.dumps(results["apexrl"][-1]), flush=True)
-                if args.only in (None, "sb3"):
+                if args.only in (None, "sb3") and task["sb3"]:
                     key = (task["sb3"], task["env"], seed)
                     if key not in peers:
                         threads = args.sb3_threads or task.get("sb3_threads", 2)

@@ -3,7 +3,6 @@
 Local mode, containers and Kubernetes all start the services through these commands.
 """
 
-import ctypes
 import dataclasses
 import functools
 import os
@@ -15,21 +14,9 @@ import sys
 # setting); set before anything imports numpy.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+from apexrl.common.memory import limit_malloc_arenas  # noqa: E402
 
-def limit_malloc_arenas(arenas: int = 2) -> None:
-    """glibc gives each new thread a malloc arena of its own (up to 8 per core), each heap
-    growing to its own high-water mark: a learner's dozen gRPC, prefetch and write-back
-    threads made its RSS climb for its first 20 minutes (benchmarks/soak.py's resource check
-    failed on it). Two arenas, as MALLOC_ARENA_MAX=2 would set, unless the user set that."""
-    if "MALLOC_ARENA_MAX" in os.environ:
-        return
-    try:
-        ctypes.CDLL(None).mallopt(-8, arenas)  # M_ARENA_MAX, malloc.h
-    except (OSError, AttributeError):  # not glibc: nothing to limit
-        pass
-
-
-limit_malloc_arenas()
+limit_malloc_arenas()  # before any thread starts
 
 from apexrl import config as cfg  # noqa: E402
 

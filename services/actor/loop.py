@@ -35,6 +35,7 @@ from apexrl.algorithms.envs import (
 from apexrl.common.backoff import Backoff
 from apexrl.common.codec import Packed
 from apexrl.common.learner_client import LearnerClient, Parameters
+from apexrl.common.memory import release_free_memory
 from apexrl.config import ActorConfig
 from apexrl.replay.client import ReplayClient
 from apexrl.replay.sharded import ShardedReplayClient, connect
@@ -109,6 +110,7 @@ class InsertBuffer:
         self._cond = threading.Condition()
         self._closing = False
         self._outage = False
+        self._backlog = False  # batches were held for an outage and not all landed yet
         self._thread = threading.Thread(target=self._drain, name="insert", daemon=True)
         self._thread.start()
 
@@ -144,7 +146,7 @@ class InsertBuffer:
                 delay = backoff.next_delay()
                 log.warning("insert failed (%s); retrying in %.2f s", _short(err), delay)
                 with self._cond:
-                    self._outage = True
+                    self._outage = self._backlog = True
                     self._cond.notify_all()
                     self._cond.wait(delay)
                 continue
@@ -155,8 +157,12 @@ class InsertBuffer:
                     self._batches.popleft()
                     self._count -= len(priorities)
                 self.metrics.buffered.set(self._count)
+                drained = self._backlog and not self._batches
+                self._backlog &= not drained
                 self._cond.notify_all()
             self.metrics.inserted.inc(len(priorities))
+            if drained:  # the backlog's memory goes back to the OS, not to the RSS high-water
+                release_free_memory()
 
     def close(self, flush_seconds: float) -> None:
         """Gives the buffer up to flush_seconds to drain, then stops the thread; with the
