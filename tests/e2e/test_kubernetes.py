@@ -11,7 +11,9 @@ ladder is re-spread over 3; scaled from 1 replay shard to 2, the new shard (empt
 inserts and is sampled, scaled back to 1 it writes its checkpoint and its volume stays while
 training goes on with shard 0, scaled to 2 again it restores its items from that volume and
 is sampled again; every alert expression and dashboard query has data; the autoscaling query
-has a value from the pods; every pod stops with exit code 0 and nothing is left.
+has a value from the pods, and, rolled out again with a samples_per_insert ratio in the
+ConfigMap, rises above its scale-up threshold with one slow actor and falls below its
+scale-down threshold with three free ones; every pod stops with exit code 0 and nothing is left.
 
 What podman does not run, so this test does NOT show it works (see the adapter's docstring):
 - Probes: the adapter removes every startup, readiness and liveness probe (podman never runs
@@ -47,9 +49,11 @@ import math
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 import urllib.parse
@@ -733,7 +737,7 @@ def test_the_autoscaling_query_reads_the_scraped_pods(deployment):
     """The actor demand ratio of deploy/k8s/autoscaling, the query KEDA (and, through the
     adapter, the HPA) sends, has one value from these pods' series. The overlay runs Ape-X's
     table without a samples_per_insert ratio, so no insert is ever held and the ratio is at
-    least 1 (tests/integration/test_autoscaling_signal.py drives it into both states)."""
+    least 1 (the next test rolls out a ratio and drives it into both states)."""
     dep = deployment
     (table,) = [t for t in dep.settings["replay"]["tables"] if t["name"] == "default"]
     assert table["samples_per_insert"] == 0
@@ -746,6 +750,120 @@ def test_the_autoscaling_query_reads_the_scraped_pods(deployment):
     ratio = float(result[0]["value"][1])
     print(f"actor demand ratio on the running deployment: {ratio:.3f}")
     assert ratio >= 1.0
+
+
+# The HPA's tolerance around the target 1 (tests/deploy/test_autoscaling.py).
+SCALE_UP_ABOVE, SCALE_DOWN_BELOW = 1.1, 0.9
+# What a user sets to let the replay hold inserts (docs/deployment.md: "Too many" needs it).
+# One sample per inserted item: the learner's demand (batch_size 256 an update) outruns one
+# slow actor and is outrun by three free ones, however fast the shared cores let it train.
+RATIO = {"samples_per_insert": "1.0", "error_buffer": "1024.0"}
+WINDOW = "20s"  # the query's [2m] windows, shortened so that each state shows within a minute
+
+
+def with_ratio(toml: str) -> str:
+    """The ConfigMap's apexrl.toml with RATIO in its one replay table."""
+    for key, value in RATIO.items():
+        toml, n = re.subn(rf"(?m)^(\s*){key} = 0\.0$", rf"\g<1>{key} = {value}", toml)
+        assert n == 1, f"{key} not found once in the ConfigMap"
+    return toml
+
+
+def roll_out_again(dep: Deployment, replicas: dict[str, int]) -> None:
+    """Every workload stopped (clients first) and played again from dep.docs, as after a
+    ConfigMap change and a restart of every workload; the replay shards start empty."""
+    for name in reversed(ORDER):
+        pods = sorted({p["pod"] for p in dep.pods() if p["deployment"] == name})
+        if pods:
+            dep.stop_pods(pods, name)
+        for unit in sorted((u for u in dep.played if adapter.workload_of(u) == name), reverse=True):
+            sh("podman", "kube", "down", dep.played.pop(unit))
+    for volume in set(sh("podman", "volume", "ls", "-q").split()) - dep.volumes_before:
+        sh("podman", "volume", "rm", "-f", volume)  # ConfigMap, claims: kube play makes them anew
+    dep.replicas |= replicas
+    for name in ORDER:
+        dep.play(name)
+    wait_for(dep.scrapes_every_pod, 180, "every pod running again, scraped by Prometheus", 1)
+
+
+class Throttle:
+    """Keeps a container's process stopped 98% of the time (SIGSTOP, SIGCONT from the host),
+    as a slow env would pace an actor, until stop()."""
+
+    def __init__(self, container: str, period: float = 1.0, stopped: float = 0.98):
+        self.pid = int(sh("podman", "inspect", container, "--format", "{{.State.Pid}}"))
+        self.period, self.stopped = period, stopped
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.is_set():
+            os.kill(self.pid, signal.SIGSTOP)
+            self.done.wait(self.period * self.stopped)
+            os.kill(self.pid, signal.SIGCONT)
+            self.done.wait(self.period * (1 - self.stopped))
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(5)
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.timeout(900)
+def test_the_autoscaling_query_tells_too_few_actors_from_too_many(deployment):
+    """The shipped query, evaluated by the Prometheus scraping the pods, in both states the
+    autoscalers act on. The overlay's table holds no insert (samples_per_insert 0), so the
+    deployment rolls out again as a user enabling the ratio would (RATIO in the ConfigMap,
+    every workload restarted, its volumes new; one shard): one actor stopped 98% of the time
+    leaves the learner waiting for data (the ratio must rise above the scale-up threshold),
+    then three free actors are held by the replay's rate limiter (below the scale-down
+    threshold)."""
+    dep = deployment
+    config = next(d for d in dep.docs if d["kind"] == "ConfigMap")
+    config["data"]["apexrl.toml"] = with_ratio(config["data"]["apexrl.toml"])
+    roll_out_again(dep, {"replay": 1, "actor": 1})
+    assert {k: dep.settings["replay"]["tables"][0][k] for k in RATIO} == {
+        k: float(v) for k, v in RATIO.items()
+    }
+    scaled = yaml.safe_load((ROOT / "deploy/k8s/autoscaling/keda-scaledobject.yaml").read_text())
+    (trigger,) = scaled["spec"]["triggers"]
+    query = trigger["metadata"]["query"]
+    assert query.count("[2m]") == 2, query
+    query = query.replace("[2m]", f"[{WINDOW}]")
+    (learner,) = dep.running("learner")
+    seen: list[float] = []
+
+    def ratio(predicate) -> bool:
+        result = dep.query(query)
+        seen.extend(float(r["value"][1]) for r in result)
+        return len(result) == 1 and predicate(seen[-1])
+
+    (actor,) = dep.running("actor")
+    throttle = Throttle(actor["name"])
+    try:
+        wait_for(lambda: dep.metrics(learner)["apexrl_learner_updates_total"] > 0, 180,
+                 "the learner's first update", interval=1)  # fmt: skip
+        steady = time.monotonic() + 2 * 20  # a full window after the first batch's wait
+        wait_for(lambda: ratio(lambda r: r > SCALE_UP_ABOVE) and time.monotonic() > steady,
+                 180, f"the ratio above {SCALE_UP_ABOVE} with one slow actor", interval=2)  # fmt: skip
+        too_few = seen[-1]
+        throttle.stop()
+        dep.play("actor", replicas=3, replace=True)
+        wait_for(dep.scrapes_every_pod, 120, "3 actors scraped", 1)
+        wait_for(lambda: ratio(lambda r: r < SCALE_DOWN_BELOW), 180,
+                 f"the ratio below {SCALE_DOWN_BELOW} with three free actors", interval=2)  # fmt: skip
+        too_many = seen[-1]
+    except BaseException:
+        print("ratios seen:", seen)
+        print(dep.logs())
+        raise
+    finally:
+        throttle.stop()
+    print(f"actor demand ratio in podman: one slow actor {too_few:.2f}, three free {too_many:.2f}")
 
 
 @pytest.mark.timeout(600)
