@@ -28,7 +28,7 @@ class Packed:
     codec: str
     dtype: np.dtype  # of the decompressed items
     item_shape: tuple[int, ...]
-    data: bytes  # the items' frames, back to back
+    data: bytes  # the items' frames, back to back (or any bytes-like object)
     sizes: np.ndarray  # uint32 [n], bytes of each item's frame
 
     def __len__(self) -> int:
@@ -49,6 +49,30 @@ class Packed:
         """Frames (a sequence of bytes-like objects) as one Packed."""
         sizes = np.fromiter(map(len, items), dtype=np.uint32, count=len(items))
         return cls(codec, np.dtype(dtype), tuple(item_shape), b"".join(items), sizes)
+
+
+def concat(parts: list[dict]) -> dict:
+    """Batches of the same columns end to end (compressed columns as one Packed)."""
+    if len(parts) == 1:
+        return parts[0]
+    out = {}
+    for name, column in parts[0].items():
+        columns = [p[name] for p in parts]
+        out[name] = (
+            Packed.join(column.codec, column.dtype, column.item_shape,
+                        [item for c in columns for item in c.items()])
+            if isinstance(column, Packed)
+            else np.concatenate(columns)
+        )  # fmt: skip
+    return out
+
+
+def nbytes(columns: dict) -> int:
+    """Bytes a batch's columns hold (compressed columns as compressed)."""
+    return sum(
+        len(c.data) + c.sizes.nbytes if isinstance(c, Packed) else c.nbytes
+        for c in columns.values()
+    )
 
 
 def content_size(frame: bytes | memoryview) -> int | None:

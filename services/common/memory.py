@@ -1,7 +1,14 @@
-"""glibc malloc settings for the services' processes (no-ops where libc is not glibc)."""
+"""Memory the services' processes give back: glibc malloc settings (no-ops where libc is not
+glibc), and copies of batches in memory of their own."""
 
 import ctypes
+import dataclasses
+import mmap
 import os
+
+import numpy as np
+
+from apexrl.common.codec import Packed
 
 M_ARENA_MAX = -8  # malloc.h
 
@@ -32,3 +39,35 @@ def release_free_memory() -> None:
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
+
+
+def off_heap(columns: dict[str, np.ndarray | Packed], priorities: np.ndarray):
+    """A copy of an insert batch (its columns and priorities) in one anonymous memory map of its
+    own, unmapped when the last of them is freed. Batches an actor holds while replay is away
+    otherwise lie in malloc's heap between whatever else the process allocates meanwhile, and
+    a heap returns no page that one live object still touches: after a 25 s partition an
+    actor's heap stayed 5 MB larger, 1,346 free holes of 3.8 KB on average (malloc_info)."""
+    arrays = [(k, v.sizes if isinstance(v, Packed) else v) for k, v in columns.items()]
+    arrays += [(None, priorities)]
+    data = {k: np.frombuffer(v.data, np.uint8) for k, v in columns.items() if isinstance(v, Packed)}
+    parts = [*(a for _, a in arrays), *data.values()]
+    offsets, size = [], 0
+    for a in parts:
+        offsets.append(size)
+        size += -(-a.nbytes // 16) * 16  # numpy's alignment
+    block = mmap.mmap(-1, max(size, 1))
+    copies = []
+    for a, offset in zip(parts, offsets, strict=True):
+        copy = np.frombuffer(block, a.dtype, a.size, offset).reshape(a.shape)
+        copy[...] = a
+        copies.append(copy)
+    packed_data = dict(zip(data, copies[len(arrays) :], strict=True))
+    out = {}
+    for (key, _), copy in zip(arrays[:-1], copies, strict=False):
+        value = columns[key]
+        out[key] = (
+            dataclasses.replace(value, sizes=copy, data=packed_data[key])
+            if isinstance(value, Packed)
+            else copy
+        )
+    return out, copies[len(arrays) - 1]

@@ -63,7 +63,7 @@ def to_proto(array: np.ndarray | Packed, out: tensor_pb2.Tensor | None = None) -
         tensor.shape[:] = (len(array), *array.item_shape)
         tensor.codec = _CODECS[array.codec]
         tensor.sizes[:] = array.sizes.tolist()
-        tensor.data = array.data
+        tensor.data = bytes(array.data)  # free when it is bytes already (memory.off_heap's are not)
         return tensor
     array = np.asarray(array)
     code = dtype_to_proto(array.dtype)

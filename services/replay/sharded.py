@@ -45,8 +45,8 @@ from typing import TypeVar
 import grpc
 import numpy as np
 
+from apexrl.common import codec
 from apexrl.common.backoff import Backoff
-from apexrl.common.codec import Packed
 from apexrl.replay import keys as keyspace
 from apexrl.replay.client import ReplayClient, SampledBatch
 from apexrl.v1 import replay_pb2, tensor_pb2
@@ -350,7 +350,7 @@ class ShardedReplayClient:
             raw = (size * probabilities) ** -beta
             weights = (raw / raw.max()).astype(np.float32)
         return SampledBatch(
-            columns=_concat([b.columns for b in batches]),
+            columns=codec.concat([b.columns for b in batches]),
             keys=np.concatenate([b.keys for b in batches]),
             probabilities=probabilities,
             weights=weights,
@@ -456,22 +456,6 @@ class NoShard(grpc.RpcError):
 
     def details(self) -> str:
         return str(self)
-
-
-def _concat(parts: list[dict]) -> dict:
-    """The shards' columns end to end (compressed columns as one Packed)."""
-    if len(parts) == 1:
-        return parts[0]
-    out = {}
-    for name, column in parts[0].items():
-        columns = [p[name] for p in parts]
-        out[name] = (
-            Packed.join(column.codec, column.dtype, column.item_shape,
-                        [item for c in columns for item in c.items()])
-            if isinstance(column, Packed)
-            else np.concatenate(columns)
-        )  # fmt: skip
-    return out
 
 
 def _signature(info: replay_pb2.TableInfo) -> str:
