@@ -41,6 +41,10 @@ What the checker reads, none of it the services' own counters or log lines:
 - resources: VmRSS, threads and open fds of each service process from /proc every 5 s; the
   least-squares slope after `--warmup-seconds` of each process's life, over windows at least
   `--resource-min-window` s long, must be under 1 MB (RSS) and 1 (threads, fds) per 10 min.
+  The samples are those at rest: none from a fault's start until it has recovered and every
+  actor's insert backlog has landed (an actor holds up to 100K transitions while replay is
+  away; a learner's streams to a replay that is away end, and their threads with them), and
+  a replay's only once its table is full (a filling table grows by design).
 
 stdout: one JSON object (iterations, failures, every check with its figures); exit status 1
 when a check fails or more iterations than --soak-max-failures did not recover in time.
@@ -71,6 +75,7 @@ from apexrl.replay.signature import parse_signature
 
 PARTITION_TABLE = "apexrl_soak"
 MB = 1 << 20
+LANDED = 1000  # transitions an actor may buffer at rest: its batches in flight (2 of 64)
 
 
 def log(*args) -> None:
@@ -285,9 +290,19 @@ def watch(run: SoakRun, history: History, stop: threading.Event) -> None:
                 last_resources = time.time()
                 for child in run.children:
                     sample = proc_sample(child.process.pid)
+                    if sample and child.name.startswith("replay"):
+                        sample["full"] = table_full(child)
                     if sample:
                         history.add("resources", name=child.name, pid=child.process.pid,
                                     t=last_resources, **sample)  # fmt: skip
+
+
+def table_full(child: local.Child) -> bool:
+    try:
+        metrics = child.metrics()
+    except OSError:
+        return False
+    return metrics.get("apexrl_replay_size", 0) >= metrics.get("apexrl_replay_capacity", 1)
 
 
 def proc_sample(pid: int) -> dict | None:
@@ -426,6 +441,20 @@ class Judge:
         shards = {w["shard"] for w in self.history.get("witness") if w["acked"] > since}
         return len(set(steps)) > 1 and len(shards) == self.args.replay_shards
 
+    def settle(self, deadline: float) -> bool:
+        """Waits until every actor's insert backlog has landed (what it buffers is back to the
+        batches in flight); False if that did not happen before the deadline."""
+        actors = [c for c in self.run.children if c.name.startswith("actor")]
+        while time.time() < deadline:
+            try:
+                buffered = [c.metrics().get("apexrl_actor_transitions_buffered", 0) for c in actors]
+            except OSError:  # an actor restarting: it holds nothing yet
+                buffered = [math.inf]
+            if max(buffered, default=0) <= LANDED:
+                return True
+            time.sleep(1.0)
+        return False
+
     def recover(self, since: float, learner_restarted: bool, deadline: float) -> dict:
         while time.time() < deadline:
             if self.serving(since):
@@ -533,15 +562,18 @@ def slope_per_10_min(points: list[tuple[float, float]]) -> float:
 
 
 def check_resources(history: History, warmup: float, min_window: float) -> dict:
-    """Least-squares slopes per 10 minutes of each process's RSS (MB), threads and fds,
-    after its first `warmup` s, where at least `min_window` s of samples remain."""
+    """Least-squares slopes per 10 minutes of each process's RSS (MB), threads and fds at
+    rest (see the module's doc), after its first `warmup` s, where at least `min_window` s
+    of samples remain."""
     by_process: dict[tuple, list[dict]] = {}
     for r in history.get("resources"):
         by_process.setdefault((r["name"], r["pid"]), []).append(r)
+    faults = [(f["start"], f["end"]) for f in history.get("faults")]
     slopes, problems = {}, []
     limits = {"rss": 1.0, "threads": 1.0, "fds": 1.0}
     for (name, pid), samples in sorted(by_process.items()):
-        kept = [s for s in samples if s["t"] - samples[0]["t"] >= warmup]
+        kept = [s for s in samples if s["t"] - samples[0]["t"] >= warmup and s.get("full", True)
+                and not any(start <= s["t"] <= end for start, end in faults)]  # fmt: skip
         if len(kept) < 3 or kept[-1]["t"] - kept[0]["t"] < min_window:
             continue
         figures = {}
@@ -551,6 +583,7 @@ def check_resources(history: History, warmup: float, min_window: float) -> dict:
             if figures[key] >= limit:
                 problems.append(f"{name} (pid {pid}): {key} slope {figures[key]} per 10 min")
         figures["minutes"] = round((kept[-1]["t"] - kept[0]["t"]) / 60, 1)
+        figures["samples"] = len(kept)
         slopes[f"{name}/{pid}"] = figures
     return {"measured": slopes, "problems": problems}
 
@@ -587,6 +620,13 @@ def soak(args, run: SoakRun, history: History, judge: Judge, nemesis: Nemesis, s
         record.update(nemesis.inject(fault, child))
         restarted = fault == "kill" and child.name == "learner"
         record.update(judge.recover(record["ended"], restarted, record["ended"] + limit))
+        if record["recovered"]:
+            record["backlogs_landed_s"] = (
+                round(time.time() - record["ended"], 1)
+                if judge.settle(record["ended"] + limit)
+                else None
+            )
+        history.add("faults", start=started + record["at"], end=time.time())
         record.pop("ended")
         iterations.append(record)
         log(f"iteration {len(iterations)}: {record}")

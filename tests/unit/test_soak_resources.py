@@ -1,0 +1,63 @@
+"""benchmarks/soak.py's resource check: a slope over each process's samples at rest, i.e. none
+from a fault's start until it has recovered and the actors' backlogs have landed, and a
+replay's only once its table is full."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
+
+
+@pytest.fixture(scope="module")
+def soak():
+    spec = importlib.util.spec_from_file_location("soak", PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def history(soak, tmp_path, rss, faults=(), full=None):
+    """One process's samples every 5 s over 10 minutes, RSS in MB as rss(t)."""
+    tmp_path.mkdir(exist_ok=True)
+    h = soak.History(tmp_path)
+    for i in range(121):
+        t = 1000.0 + 5 * i
+        extra = {} if full is None else {"full": full(t)}
+        h.add("resources", name="replay" if full else "actor-0", pid=1, t=t,
+              rss=rss(t) * soak.MB, threads=10, fds=20, **extra)  # fmt: skip
+    for start, end in faults:
+        h.add("faults", start=start, end=end)
+    return h
+
+
+def check(soak, h):
+    return soak.check_resources(h, warmup=60, min_window=300)
+
+
+def test_growth_at_rest_is_found(soak, tmp_path):
+    result = check(soak, history(soak, tmp_path, lambda t: 100 + (t - 1000) / 600 * 2))
+    assert result["problems"] and result["measured"]["actor-0/1"]["rss"] == pytest.approx(2)
+
+
+def test_what_a_fault_holds_until_it_has_settled_is_not_growth(soak, tmp_path):
+    faults = [(1300, 1400), (1450, 1500)]
+
+    def rss(t):  # a backlog during each fault and its drain, back to 100 MB after
+        return 130 if any(s <= t <= e for s, e in faults) else 100
+
+    assert check(soak, history(soak, tmp_path, rss))["problems"]  # every sample: a slope
+    result = check(soak, history(soak, tmp_path / "b", rss, faults))
+    assert not result["problems"], result
+    assert result["measured"]["actor-0/1"]["samples"] == 109 - 21 - 11
+
+
+def test_a_replay_counts_once_its_table_is_full(soak, tmp_path):
+    def rss(t):
+        return 100 + min(t - 1000, 200) / 20  # grows with its table for 200 s
+
+    assert check(soak, history(soak, tmp_path, rss, full=lambda t: True))["problems"]
+    result = check(soak, history(soak, tmp_path / "b", rss, full=lambda t: t >= 1200))
+    assert not result["problems"], result
+    assert result["measured"]["replay/1"]["samples"] == 81
