@@ -36,6 +36,32 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, interva
         time.sleep(interval)
 
 
+class Throttle:
+    """Keeps a process stopped `stopped` of every `period` seconds (SIGSTOP, then SIGCONT) until
+    stop(), as a slow env would pace an actor."""
+
+    def __init__(self, pid: int, period: float = 0.5, stopped: float = 0.9):
+        self.pid, self.period, self.stopped = pid, period, stopped
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.done.is_set():
+            os.kill(self.pid, signal.SIGSTOP)
+            self.done.wait(self.period * self.stopped)
+            os.kill(self.pid, signal.SIGCONT)
+            self.done.wait(self.period * (1 - self.stopped))
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(5)
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:  # it already exited
+            pass
+
+
 def metrics(port: int, host: str = "127.0.0.1") -> dict[str, float]:
     """Every sample of a /metrics endpoint, summed over label sets, by name."""
     text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5).read().decode()

@@ -49,11 +49,9 @@ import math
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import tomllib
 import urllib.parse
@@ -67,7 +65,7 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.conftest import metrics, wait_for
+from tests.conftest import Throttle, metrics, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -786,33 +784,6 @@ def roll_out_again(dep: Deployment, replicas: dict[str, int]) -> None:
     wait_for(dep.scrapes_every_pod, 180, "every pod running again, scraped by Prometheus", 1)
 
 
-class Throttle:
-    """Keeps a container's process stopped 98% of the time (SIGSTOP, SIGCONT from the host),
-    as a slow env would pace an actor, until stop()."""
-
-    def __init__(self, container: str, period: float = 1.0, stopped: float = 0.98):
-        self.pid = int(sh("podman", "inspect", container, "--format", "{{.State.Pid}}"))
-        self.period, self.stopped = period, stopped
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.done.is_set():
-            os.kill(self.pid, signal.SIGSTOP)
-            self.done.wait(self.period * self.stopped)
-            os.kill(self.pid, signal.SIGCONT)
-            self.done.wait(self.period * (1 - self.stopped))
-
-    def stop(self) -> None:
-        self.done.set()
-        self.thread.join(5)
-        try:
-            os.kill(self.pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
-
-
 @pytest.mark.timeout(900)
 def test_the_autoscaling_query_tells_too_few_actors_from_too_many(deployment):
     """The shipped query, evaluated by the Prometheus scraping the pods, in both states the
@@ -843,7 +814,8 @@ def test_the_autoscaling_query_tells_too_few_actors_from_too_many(deployment):
         return len(result) == 1 and predicate(seen[-1])
 
     (actor,) = dep.running("actor")
-    throttle = Throttle(actor["name"])
+    pid = int(sh("podman", "inspect", actor["name"], "--format", "{{.State.Pid}}"))
+    throttle = Throttle(pid, period=1.0, stopped=0.98)
     try:
         wait_for(lambda: dep.metrics(learner)["apexrl_learner_updates_total"] > 0, 180,
                  "the learner's first update", interval=1)  # fmt: skip

@@ -16,10 +16,8 @@ its [2m] windows shortened to WINDOW so that each state shows within seconds.
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -28,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import metric, wait_for
+from tests.conftest import Throttle, metric, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -104,31 +102,6 @@ class Prometheus:
         self.process.terminate()
         self.process.wait(30)
         self.log.close()
-
-
-class Throttle:
-    """Keeps a process stopped `stopped` of every `period` seconds until stop()."""
-
-    def __init__(self, pid: int, period: float = 0.5, stopped: float = 0.9):
-        self.pid, self.period, self.stopped = pid, period, stopped
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.done.is_set():
-            os.kill(self.pid, signal.SIGSTOP)
-            self.done.wait(self.period * self.stopped)
-            os.kill(self.pid, signal.SIGCONT)
-            self.done.wait(self.period * (1 - self.stopped))
-
-    def stop(self) -> None:
-        self.done.set()
-        self.thread.join(5)
-        try:
-            os.kill(self.pid, signal.SIGCONT)
-        except ProcessLookupError:  # it already exited
-            pass
 
 
 @pytest.mark.timeout(300)
