@@ -3,7 +3,8 @@ and the learner, (as root) cuts the replay off and pauses the learner, then rand
 apart; benchmarks/soak.py's checker must find nothing acknowledged lost, no version going back, no
 best model getting worse and CartPole solved again after the learner's restart.
 
-The 10- and 60-minute runs, with the nemesis every 1-3 minutes: docs/benchmarks.md.
+The 10- and 60-minute runs (the nemesis 20-40 s and 1-3 minutes apart): docs/benchmarks.md;
+the resource slopes need windows longer than this test.
 """
 
 import json
