@@ -142,7 +142,11 @@ class InsertBuffer:
         meanwhile, would stay in its RSS after they have landed (a 25 s partition left an
         actor 6 MB larger for good)."""
         newest = self._batches[-1] if len(self._batches) > 1 else None  # [0] may be in flight
-        if newest and codec.nbytes(newest[0]) + codec.nbytes(columns) <= HELD_CHUNK_BYTES:
+        # Chunks of at most a 16th of the limit: dropping the oldest, should it be the one on
+        # its way (it may land), costs no more than that.
+        items = len(priorities) + (len(newest[1]) if newest else 0)
+        if (newest and items <= self.limit // 16
+                and codec.nbytes(newest[0]) + codec.nbytes(columns) <= HELD_CHUNK_BYTES):  # fmt: skip
             self._batches.pop()
             columns = codec.concat([newest[0], columns])
             priorities = np.concatenate([newest[1], priorities])
