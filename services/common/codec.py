@@ -59,8 +59,8 @@ def concat(parts: list[dict]) -> dict:
     for name, column in parts[0].items():
         columns = [p[name] for p in parts]
         out[name] = (
-            Packed.join(column.codec, column.dtype, column.item_shape,
-                        [item for c in columns for item in c.items()])
+            Packed(column.codec, column.dtype, column.item_shape,
+                   b"".join(c.data for c in columns), np.concatenate([c.sizes for c in columns]))
             if isinstance(column, Packed)
             else np.concatenate(columns)
         )  # fmt: skip
