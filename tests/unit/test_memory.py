@@ -3,10 +3,12 @@
 the soak's resource check reads as a leak), and an actor gives the memory of an insert backlog
 back to the OS once the backlog has landed."""
 
+import gc
 import os
 import subprocess
 import sys
 import threading
+import weakref
 
 import numpy as np
 import prometheus_client
@@ -171,6 +173,33 @@ def test_an_outage_backlog_leaves_the_rss_once_it_has_landed():
     heap_before, rss_before, heap_after, rss_after = map(float, result.stdout.split())
     assert heap_after < heap_before + 1.9 + 2, result.stdout
     assert rss_after < rss_before + 1.9 + 2, result.stdout
+
+
+def fail_holding(batch) -> None:
+    """A call that fails while it carries `batch`, its error kept as a retry loop keeps its
+    last one: the error's traceback holds this frame, whose locals hold the error."""
+
+    def send(batch):
+        raise ConnectionError("replay away")
+
+    try:
+        send(batch)
+    except ConnectionError as err:
+        error = err  # noqa: F841 (the cycle)
+
+
+def test_released_memory_includes_a_held_batch_that_only_a_cycle_still_holds():
+    gc.disable()  # as if no full collection came soon (an actor allocates few objects)
+    try:
+        columns, priorities = memory.off_heap({"x": np.ones((64, 4), np.float32)}, np.ones(64))
+        held = weakref.ref(priorities)
+        fail_holding((columns, priorities))
+        del columns, priorities
+        assert held() is not None  # only the failed call's frames hold it now
+        memory.release_free_memory()
+        assert held() is None
+    finally:
+        gc.enable()
 
 
 def test_a_batch_off_the_heap_is_an_equal_copy():
