@@ -8,7 +8,9 @@
 
 Tasks: cartpole (CartPole-v1, target 475; apexrl dqn vs SB3 DQN), novelocity-r2d2 and
 novelocity-dqn (apexrl/CartPoleNoVelocity-v1, 475: r2d2, and the feed-forward dqn beside it; no SB3
-peer), cartpole-r2d2 (CartPole-v1, 475), acrobot (Acrobot-v1, -100;
+peer), cartpole-r2d2 (CartPole-v1, 475), cartpole-noisy, cartpole-c51, cartpole-rainbow,
+cartpole-nec, acrobot-noisy and acrobot-c51 (dqn's options and the agents built on dqn, no SB3
+peer: run the cartpole or acrobot task beside them, with --only apexrl), acrobot (Acrobot-v1, -100;
 dqn vs SB3 DQN), pendulum (Pendulum-v1, -200, gymnasium gives it no threshold; apexrl dpg vs
 SB3 TD3), mountaincar (MountainCarContinuous-v0, 90; dpg vs TD3), lunarlander
 (LunarLanderContinuous-v3, 200, needs the `continuous` extra: box2d; dpg vs TD3). SB3 runs with
@@ -18,8 +20,8 @@ with as many gradient steps as it had env steps (train_freq (1, "episode"), grad
 the zoo's own TD3 setting before 2024): the same updates per env step, and the evaluation after
 each training round runs once per episode rather than once per step.
 
-On-policy tasks: cartpole-ppo, cartpole-impala (CartPole-v1, 475) and acrobot-ppo,
-acrobot-impala (Acrobot-v1, -100): apexrl ppo or impala against SB3 PPO with the zoo's
+On-policy tasks: cartpole-ppo, cartpole-impala, cartpole-unreal (CartPole-v1, 475) and
+acrobot-ppo, acrobot-impala (Acrobot-v1, -100): apexrl ppo or impala against SB3 PPO with the zoo's
 hyperparams/ppo.yml (its lin_X schedules decay over the zoo's n_timesteps; Acrobot under
 VecNormalize, whose statistics at that moment normalize the greedy episodes' observations and
 travel with the best model). apexrl runs local mode's settings for the algorithm (plus
@@ -106,6 +108,13 @@ R2D2_TARGETS = (
 )
 NO_VELOCITY = dict(env="apexrl/CartPoleNoVelocity-v1", target=475.0, sb3=None,
                    targets=R2D2_TARGETS)  # fmt: skip
+# dqn's options and the agents built on dqn, against dqn on the same env (run its task beside).
+OPTION_TARGETS = "solved on every seed; time against the dqn task's on the same seeds"
+NEC_TARGETS = "solved on every seed in at most half the env steps of the cartpole task's dqn"
+UNREAL_TARGETS = "solved on every seed within 1.5x the cartpole-impala task's time"
+C51 = ["--distributional", "--v-min", "-100", "--v-max", "100"]  # returns up to 500 or -500
+CARTPOLE = dict(env="CartPole-v1", target=475.0, sb3=None, targets=OPTION_TARGETS)
+ACROBOT = dict(env="Acrobot-v1", target=-100.0, sb3=None, targets=OPTION_TARGETS)
 
 # Per task: env, target, apexrl's algorithm, the SB3 peer with its rl-baselines3-zoo settings.
 TASKS = {
@@ -157,8 +166,15 @@ TASKS = {
     "novelocity-dqn": NO_VELOCITY | dict(algorithm="dqn"),
     "cartpole-r2d2": dict(env="CartPole-v1", target=475.0, algorithm="r2d2", sb3=None,
                           targets=R2D2_TARGETS),
+    "cartpole-noisy": CARTPOLE | dict(algorithm="dqn", flags=["--noisy"]),
+    "cartpole-c51": CARTPOLE | dict(algorithm="dqn", flags=C51),
+    "cartpole-rainbow": CARTPOLE | dict(algorithm="rainbow"),
+    "cartpole-nec": CARTPOLE | dict(algorithm="nec", targets=NEC_TARGETS),
+    "acrobot-noisy": ACROBOT | dict(algorithm="dqn", flags=["--noisy"]),
+    "acrobot-c51": ACROBOT | dict(algorithm="dqn", flags=C51),
     "cartpole-ppo": PPO_CARTPOLE | dict(algorithm="ppo"),
     "cartpole-impala": PPO_CARTPOLE | dict(algorithm="impala"),
+    "cartpole-unreal": PPO_CARTPOLE | dict(algorithm="unreal", targets=UNREAL_TARGETS),
     "acrobot-ppo": PPO_ACROBOT | dict(algorithm="ppo"),
     "acrobot-impala": PPO_ACROBOT | dict(algorithm="impala"),
 }  # fmt: skip
@@ -171,7 +187,8 @@ def check_apexrl_config(task: dict, config: Path) -> None:
     from apexrl import algorithms, local
     from apexrl import config as cfg
 
-    argv = ["--config", str(config), "--algorithm", task["algorithm"], "--env", task["env"]]
+    argv = ["--config", str(config), "--algorithm", task["algorithm"], "--env", task["env"],
+            *task.get("flags", [])]  # fmt: skip
     settings = local.parse(argv)
     with tempfile.TemporaryDirectory(prefix="apexrl-tts-check-") as folder:
         try:
@@ -193,7 +210,7 @@ def run_apexrl(task: dict, seed: int, budget: float, workdir: Path, config: Path
     result = subprocess.run(
         [sys.executable, "-m", "apexrl.cli", "local", "--run-dir", str(run_dir), "--seed", str(seed),
          "--max-seconds", str(budget), "--algorithm", task["algorithm"], "--env", task["env"],
-         "--target-return", str(task["target"]), *settings],
+         "--target-return", str(task["target"]), *task.get("flags", []), *settings],
         capture_output=True, text=True, timeout=budget + 300,
     )  # fmt: skip
     wall = time.monotonic() - started
