@@ -444,7 +444,7 @@ def insert(pending, adder, policy, columns, buffer: InsertBuffer, config, metric
     """The adder's pending items to its buffer: one batch, initial priorities, packed."""
     batch = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
     priorities = adder.priorities(batch, policy) + config.priority_epsilon
-    packed = pack(batch, columns)
+    packed = pack({k: v for k, v in batch.items() if k not in adder.acting_fields}, columns)
     for value in packed.values():
         if isinstance(value, Packed):
             metrics.frame_raw_bytes.inc(len(value) * value.item_nbytes)

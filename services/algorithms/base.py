@@ -102,6 +102,9 @@ class Adder(ABC):
     # Items go to replay as soon as they are made (False: gathered into inserts of the
     # actor's insert_batch items).
     insert_at_once: ClassVar[bool] = False
+    # Fields of its items that only the initial priorities read (what the actor acted on):
+    # the actor leaves them out of what replay stores.
+    acting_fields: ClassVar[tuple[str, ...]] = ()
 
     @property
     def at_boundary(self) -> bool:

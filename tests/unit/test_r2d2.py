@@ -16,6 +16,7 @@ from apexrl.algorithms.r2d2.builder import CARTPOLE, sequence_columns
 from apexrl.algorithms.r2d2.losses import (
     nstep_returns,
     priority_mix,
+    r2d2_loss,
     rescale,
     unrescale,
     unroll_with_burn_in,
@@ -162,6 +163,42 @@ def test_the_learner_learns_what_the_burned_in_state_remembers(one_thread):
     np.testing.assert_allclose(matching.mean(), rescale(torch.tensor(1.0)), atol=0.1)
     np.testing.assert_allclose(other.mean(), 0.0, atol=0.1)
     assert (matching > other).float().mean() > 0.95
+
+
+def test_the_actors_priorities_from_the_values_it_acted_on_are_the_learners(one_thread):
+    """Ape-X's actors prioritise with the Q-values they acted on; with the same parameters
+    throughout, the learner's unroll from each stored state (burn-in included) finds the same
+    values, so the same priorities, at episode ends and truncations as much as mid-episode."""
+    settings = algorithms.get("r2d2").Settings(
+        sequence_length=8, sequence_period=4, burn_in=2, n_step=3, lstm_size=8
+    )
+    config = LearnerConfig(algorithm="r2d2", env=MASKED_CARTPOLE, hidden="16", algo=settings)
+    torch.manual_seed(0)
+    policy = algorithms.make(config).policy()
+    adder = SequenceAdder(3, 8, 4, (2,), np.float32, policy.net.state_size, 0.9)
+    rng = np.random.default_rng(0)
+    obs, items = rng.normal(size=(3, 2)).astype(np.float32), []
+    policy.episode_starts(np.ones(3, bool))
+    for _ in range(200):
+        actions, extras = policy.step(obs, 0.3, rng)
+        ends, truncated = rng.random(3) < 0.04, rng.random(3) < 0.03
+        truncated &= ~ends
+        next_obs = rng.normal(size=(3, 2)).astype(np.float32)
+        final = np.where((ends | truncated)[:, None], rng.normal(size=(3, 2)), next_obs)
+        step = Step(obs, actions, extras, rng.normal(size=3).astype(np.float32), ends,
+                    truncated, next_obs, final.astype(np.float32), 0)  # fmt: skip
+        if (out := adder.add(step)) is not None:
+            items.append(out)
+        policy.episode_starts(ends | truncated)
+        obs = next_obs
+    batch = {k: np.concatenate([item[k] for item in items]) for k in items[0]}
+    short = batch["mask"].sum(1) < 8
+    assert len(batch["mask"]) > 100 and short.sum() > 10  # tails after ends and truncations
+    stored = {k: torch.from_numpy(v) for k, v in batch.items() if k not in adder.acting_fields}
+    with torch.no_grad():
+        _, expected, _ = r2d2_loss(policy.net, policy.net, stored, torch.ones(len(short)),
+                                   2, 3, settings.priority_eta)  # fmt: skip
+    np.testing.assert_allclose(policy.priorities(batch), expected.numpy(), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -16,9 +16,10 @@ def adder(num_envs=1, length=4, period=2):
     return SequenceAdder(num_envs, length, period, (1,), np.float32, state_size=2, gamma=GAMMA)
 
 
-def feed(a: SequenceAdder, obs, ends=None, truncated=None, version=0):
+def feed(a: SequenceAdder, obs, ends=None, truncated=None, version=0, acting=False):
     """One step of every env: env i sees obs[i] (also its state and reward: obs * 10, obs + 1);
-    next_obs is obs + 1, the final observation FINAL where an episode ended."""
+    next_obs is obs + 1, the final observation FINAL where an episode ended. `acting`: the
+    policy also gives the Q-values it acted on ([obs, 2 obs]) and the state after ([obs, 7])."""
     obs = np.asarray(obs, np.float32)
     n = len(obs)
     ends = np.zeros(n, bool) if ends is None else np.asarray(ends)
@@ -26,17 +27,20 @@ def feed(a: SequenceAdder, obs, ends=None, truncated=None, version=0):
     next_obs = (obs + 1)[:, None]
     final = np.where((ends | truncated)[:, None], FINAL, next_obs)
     extras = {"state": np.stack([obs * 10, -obs], 1), "exploration": obs / 100}
+    if acting:
+        extras |= {"q": np.stack([obs, 2 * obs], 1), "next_state": np.stack([obs, obs * 0 + 7], 1)}
     step = Step(obs[:, None], obs.astype(np.int64), extras, obs + 1, ends, truncated, next_obs,
                 final, version)  # fmt: skip
     return a.add(step)
 
 
-def run(a, steps, end="terminated"):
+def run(a, steps, end="terminated", acting=False):
     """One env through an episode of `steps` steps (obs 0, 1, ...); the items, in order."""
     items = []
     for t in range(steps):
         last = t == steps - 1
-        out = feed(a, [t], [last and end == "terminated"], [last and end == "truncated"], 1000 + t)
+        ends, truncated = [last and end == "terminated"], [last and end == "truncated"]
+        out = feed(a, [t], ends, truncated, 1000 + t, acting)
         if out is not None:
             items += [{k: v[i] for k, v in out.items()} for i in range(len(out["mask"]))]
     return items
@@ -67,6 +71,17 @@ def test_each_sequence_carries_its_first_steps_state_exploration_and_version():
         assert item["exploration"] == pytest.approx(first / 100, rel=1e-6)
         assert item["version"] == 1000 + first
     assert items[0]["state"].dtype == np.float32 and items[0]["version"].dtype == np.int64
+
+
+def test_the_values_acted_on_travel_with_each_sequence_for_its_priorities_only():
+    assert "acting_q" not in run(adder(), 9)[0]  # a policy that gives none
+    items = run(adder(), 9, acting=True)
+    np.testing.assert_array_equal(items[1]["acting_q"], [[2, 4], [3, 6], [4, 8], [5, 10]])
+    np.testing.assert_array_equal(items[1]["last_state"], [5, 7])  # after its last step, 5
+    tail = items[3]  # steps 6, 7, 8, then padding
+    np.testing.assert_array_equal(tail["acting_q"], [[6, 12], [7, 14], [8, 16], [0, 0]])
+    np.testing.assert_array_equal(tail["last_state"], [8, 7])
+    assert SequenceAdder.acting_fields == ("acting_q", "last_state")
 
 
 def test_an_end_at_a_full_sequence_adds_no_tail_and_the_next_episode_starts_afresh():

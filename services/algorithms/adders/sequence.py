@@ -22,7 +22,16 @@ are dropped.
 Where the recurrent state comes from: `Policy.step` returns it in its extras as "state" (float32
 [num_envs, state_size]) with "exploration" (float32 [num_envs]); the adder keeps each step's, so
 every sequence carries the state its first step was acted from.
+
+A policy that also returns the Q-values it acted on, "q" (float32 [num_envs, actions]), and the
+state after the step, "next_state", gets two more fields in each item for its initial
+priorities, which replay does not store (`acting_fields`): "acting_q" [length, actions] (zero
+on padding) and "last_state" [state_size], the state after the sequence's last real step, from
+which the Q-values of the observation after it are one step away (Ape-X's actors compute
+priorities from the values they acted on, not by unrolling every sequence again).
 """
+
+from typing import ClassVar
 
 import numpy as np
 
@@ -31,6 +40,8 @@ from apexrl.algorithms.base import Adder, Step
 
 class SequenceAdder(Adder):
     """Sequences of `length` steps every `period` steps of an episode, one table's items."""
+
+    acting_fields: ClassVar[tuple[str, ...]] = ("acting_q", "last_state")
 
     def __init__(self, num_envs: int, length: int, period: int, obs_shape, obs_dtype,
                  state_size: int, gamma: float, table: str = "default"):  # fmt: skip
@@ -49,6 +60,7 @@ class SequenceAdder(Adder):
         self.exploration = np.zeros(shape, np.float32)
         self.versions = np.zeros(shape, np.int64)
         self.steps = np.zeros(num_envs, np.int64)  # steps taken in each env's episode
+        self.q: np.ndarray | None = None  # [*shape, actions] once a policy gives "q"
 
     def add(self, step: Step) -> dict[str, np.ndarray] | None:
         state = np.asarray(step.extras["state"], np.float32)
@@ -66,6 +78,12 @@ class SequenceAdder(Adder):
         self.states[rows, slot] = state
         self.exploration[rows, slot] = step.extras["exploration"]
         self.versions[rows, slot] = step.version
+        acting = "q" in step.extras
+        if acting:
+            q = np.asarray(step.extras["q"], np.float32)
+            if self.q is None or self.q.shape[2:] != q.shape[1:]:
+                self.q = np.zeros((n, self.length, *q.shape[1:]), np.float32)
+            self.q[rows, slot] = q
         self.steps += 1
         since_full = self.steps - self.length
         full = (since_full >= 0) & (since_full % self.period == 0)
@@ -73,9 +91,12 @@ class SequenceAdder(Adder):
         # The oldest open sequence starts at the first period multiple after steps - length.
         open_start = np.maximum(0, (since_full // self.period + 1) * self.period)
         tail = ended & ~full
-        items = [self.sequence(i, self.steps[i] - self.length, step.final_obs[i])
-                 for i in np.flatnonzero(full)]  # fmt: skip
-        items += [self.sequence(i, open_start[i], step.final_obs[i]) for i in np.flatnonzero(tail)]
+        starts = [(i, self.steps[i] - self.length) for i in np.flatnonzero(full)]
+        starts += [(i, open_start[i]) for i in np.flatnonzero(tail)]
+        items = [self.sequence(i, start, step.final_obs[i]) for i, start in starts]
+        if acting:  # the state after this step: after each item's last real step
+            for (i, _), item in zip(starts, items, strict=True):
+                item["last_state"] = np.asarray(step.extras["next_state"][i], np.float32)
         self.steps[ended] = 0
         if not items:
             return None
@@ -91,10 +112,11 @@ class SequenceAdder(Adder):
         pad = self.length - real
 
         def padded(ring: np.ndarray) -> np.ndarray:
-            return np.concatenate([ring[env, order], np.zeros(pad, ring.dtype)])
+            return np.concatenate([ring[env, order], np.zeros((pad, *ring.shape[2:]), ring.dtype)])
 
         first = order[0]
-        return {
+        acting = {} if self.q is None else {"acting_q": padded(self.q)}
+        return acting | {
             "observations": obs,
             "actions": padded(self.actions),
             "rewards": padded(self.rewards),

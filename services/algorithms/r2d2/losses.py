@@ -73,6 +73,15 @@ def sequence_td_errors(online: nn.Module, target: nn.Module, batch: dict[str, to
     q = unroll_with_burn_in(online, obs, state, burn_in)
     with torch.no_grad():
         q_target = unroll_with_burn_in(target, obs, state, burn_in)
+    return td_errors(q, q_target, batch, burn_in, n)
+
+
+def td_errors(q: torch.Tensor, q_target: torch.Tensor, batch: dict[str, torch.Tensor],
+              burn_in: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """sequence_td_errors from the online and target Q-values [B, T + 1 - burn_in, A] of the
+    learned steps' observations and the one after the last real step (at the sequence's
+    index `real`; rows after it are never read)."""
+    with torch.no_grad():
         greedy = q[:, 1:].detach().argmax(2, keepdim=True)
         bootstrap = unrescale(q_target[:, 1:].gather(2, greedy).squeeze(2))
         # values[:, j] for j = 0 .. T - burn_in; index 0 is never a bootstrap (m >= 1).
