@@ -13,6 +13,7 @@ until it ends (a CartPole frame is 600x400x3 bytes, 500 of them 360 MB), so epis
 never recorded side by side.
 """
 
+import logging
 import os
 import tempfile
 import warnings
@@ -23,6 +24,8 @@ from gymnasium.wrappers import RecordVideo
 
 from apexrl.algorithms.base import Policy
 from apexrl.algorithms.envs import EnvOptions, is_atari, make_env
+
+log = logging.getLogger(__name__)
 
 # ALE runs at 60 frames a second and the agent sees every 4th (frame skip 4): one frame per
 # agent step at 15 a second plays at the game's speed (ALE's own render_fps says 30).
@@ -171,7 +174,11 @@ class BestVideos:
         if (self.new_bests - 1) % self.config.video_every:
             return None
         c = self.config
-        _, _, path = record_episode(
-            self.policy, c.env, seed, c.epsilon, self.options, self.folder, version
-        )
+        try:
+            _, _, path = record_episode(
+                self.policy, c.env, seed, c.epsilon, self.options, self.folder, version
+            )
+        except OSError as err:  # ffmpeg gone (a broken pipe): the evaluation goes on without it
+            log.warning("video of version %d not written: %s", version, err)
+            return None
         return path

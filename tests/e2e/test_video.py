@@ -15,6 +15,7 @@ from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from apexrl import algorithms, cli
 from apexrl import config as cfg
+from apexrl.algorithms import video
 from apexrl.algorithms.envs import EnvOptions, make_env
 from apexrl.algorithms.video import BestVideos, record_episode
 from apexrl.common import checkpoint
@@ -138,6 +139,25 @@ def test_the_evaluator_records_the_1st_then_every_kth_new_best(tmp_path):
     for path in filter(None, recorded):
         episode_return = float(re.search(r"-return-(.*)\.mp4$", path.name)[1])
         assert decoded(path) == (render_size(ENV), episode_return + 1)  # CartPole: 1 a step
+
+
+def test_a_video_that_cannot_be_written_leaves_the_evaluator_going(tmp_path, monkeypatch):
+    """ffmpeg can die under the evaluator (its stdin then a broken pipe): a video is a side
+    product, so that new best goes without one and the next is recorded."""
+    config = cfg.EvaluatorConfig(env=ENV, video_every=1, video_dir=str(tmp_path / "v"))
+    policy = algorithms.make(config).policy()
+    learner = cfg.LearnerConfig(env=ENV)
+    policy.load(algorithms.make(learner).learning(learner, torch.device("cpu")).parameters())
+    videos = BestVideos(policy, config)
+    working = video.record_episode
+
+    def broken(*args, **kwargs):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(video, "record_episode", broken)
+    assert videos.new_best(1, seed=101) is None
+    monkeypatch.setattr(video, "record_episode", working)
+    assert videos.new_best(2, seed=102).name.startswith(f"{ENV}-version-2-seed-102")
 
 
 @pytest.mark.slow
