@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 
 LENGTH_BUCKETS = (10, 25, 50, 100, 200, 500, 1000, 5000, 10000, 30000)
 HELD_CHUNK_BYTES = 256 * 1024  # an outage's batches are held merged up to this size
+# At a stop, what is buffered gets this long to land. A replay that takes inserts answers in
+# milliseconds; one whose rate limiter holds them (a learner sampling slower than the actor
+# inserts) would hold the stop for as long as the learner takes: those batches are dropped.
+STOP_FLUSH_SECONDS = 0.3
 
 
 class ActorMetrics:
@@ -119,8 +123,8 @@ class InsertBuffer:
     def put(self, columns: dict[str, np.ndarray], priorities: np.ndarray) -> None:
         with self._cond:
             while not self._cond.wait_for(
-                lambda: self._outage or len(self._batches) < self.in_flight, timeout=0.2
-            ):
+                lambda: self._outage or len(self._batches) < self.in_flight, timeout=0.05
+            ):  # the stop is set by this thread's own signal handler: it cannot notify
                 if self.stop.is_set():
                     break
             if self._outage:
@@ -229,9 +233,12 @@ class ParameterPuller:
 
     def _run(self) -> None:
         backoff = Backoff()
+        # close() sets _stop before _wanted: a pull that clears _wanted after close() set it
+        # still sees _stop at the loop's test.
         while not self._stop.is_set():
-            if not self._wanted.wait(0.5):
-                continue
+            self._wanted.wait()
+            if self._stop.is_set():
+                return
             try:
                 params = self.learner.get_parameters(
                     self.version, self.actor_id, self.lineage, self._wait_seconds
@@ -255,6 +262,7 @@ class ParameterPuller:
 
     def close(self) -> None:
         self._stop.set()
+        self._wanted.set()  # wakes a thread that waits for a request
         self.learner.close()
         self._thread.join(5)
 
@@ -436,7 +444,7 @@ class Actor:
     def close(self) -> None:
         self.puller.close()
         for buffer in [self.buffer, *(outlet.buffer for outlet in self.others)]:
-            buffer.close(flush_seconds=5.0)
+            buffer.close(flush_seconds=STOP_FLUSH_SECONDS)
         self.envs.close()
 
 

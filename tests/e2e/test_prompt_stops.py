@@ -13,6 +13,7 @@ priority writer waited for a batch that never came).
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -27,12 +28,13 @@ pytestmark = pytest.mark.slow
 # final checkpoint). Nothing else is waited for: a stopped service exits without the
 # interpreter's teardown (cli.py), clients do not retry once their process stops, long polls
 # and evaluation rounds are cancelled (common/backoff.py, common/learner_client.py,
-# algorithms/evaluation.py), /metrics stops without waiting for its poll loop
-# (common/metrics_http.py), and a server ends the calls whose handlers are done but whose
-# answers wait for a peer that does not read (common/serving.py: stop_server). On a 2-core
-# machine at a load average of 6-7 (a soak running beside it) the 64 exits of this file took
-# 0.02-0.72 s, the learners' 0.17-0.67 s (2026-12-03, `pytest -s
-# tests/e2e/test_prompt_stops.py`); unreal's replay took its whole 10 s grace before.
+# algorithms/evaluation.py), an actor's buffered inserts get 0.3 s to land and are dropped
+# if replay's rate limiter holds them (actor/loop.py), /metrics stops without waiting for its
+# poll loop (common/metrics_http.py), and a server ends the calls whose handlers are done but
+# whose answers wait for a peer that does not read (common/serving.py: stop_server). On an
+# otherwise idle 2-core machine the 64 exits of this file took 0.01-0.57 s, the learners'
+# 0.06-0.57 s (`pytest -s tests/e2e/test_prompt_stops.py`); nec's actor took 3.3 s before
+# (its inserts held by the rate limiter at 16 samples per insert, waited for up to 5 s).
 BOUND = 1.0
 LEARNER_BOUND = 2.0
 
@@ -43,20 +45,23 @@ ENVS = {"dqn": "CartPole-v1", "rainbow": "CartPole-v1", "nec": "CartPole-v1",
 
 
 def stop_timed(children: list) -> dict[str, tuple[float, int]]:
-    """SIGTERM to each child at once; (seconds to exit, exit code) by name."""
+    """SIGTERM to each child at once; (seconds to exit, exit code) by name, each exit waited
+    for in a thread of its own (a slow one does not add to the times of those after it)."""
     sent = {}
     for child in children:
         sent[child.name] = time.monotonic()
         child.process.send_signal(signal.SIGTERM)
-    times = {}
-    for child in children:
+
+    def wait(child) -> tuple[float, int]:
         try:
             code = child.process.wait(30)
         except subprocess.TimeoutExpired:
             child.process.kill()
             code = child.process.wait()
-        times[child.name] = (time.monotonic() - sent[child.name], code)
-    return times
+        return time.monotonic() - sent[child.name], code
+
+    with ThreadPoolExecutor(len(children)) as pool:
+        return dict(zip([c.name for c in children], pool.map(wait, children), strict=True))
 
 
 def queue_books(run) -> tuple[int, int, int] | None:
