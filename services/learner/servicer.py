@@ -4,6 +4,7 @@ import asyncio
 import contextlib
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import prometheus_client
@@ -33,6 +34,9 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         self._published: asyncio.Event | None = None
         self._stopping = False
         self.waiting = 0  # long polls waiting now
+        # Reports take BestModel's lock one at a time: one thread of their own, where asyncio's
+        # default pool would add a thread whenever two reports meet and keep it for good.
+        self._reports = ThreadPoolExecutor(1, thread_name_prefix="report")
 
     def _next_publish(self) -> asyncio.Event:
         """The event the next publish sets (made, and hooked to the store, on first use)."""
@@ -101,4 +105,5 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
             self.waiting -= 1
 
     async def ReportEvaluation(self, request, context):
-        return await asyncio.to_thread(self.best.report, request)  # may write a checkpoint
+        loop = asyncio.get_running_loop()  # the report may write a checkpoint
+        return await loop.run_in_executor(self._reports, self.best.report, request)
