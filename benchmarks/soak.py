@@ -607,7 +607,8 @@ def soak(args, run: SoakRun, history: History, judge: Judge, nemesis: Nemesis, s
     rng = nemesis.rng
     limit = args.soak_per_iteration_max_acceptable_latency_ms / 1000
     while len(iterations) < args.soak_iterations and ok:
-        if stop.wait(rng.uniform(*args.nemesis_interval)) or time.time() > deadline:
+        wait = min(rng.uniform(*args.nemesis_interval), deadline - time.time())
+        if stop.wait(max(0.0, wait)) or time.time() >= deadline:
             break
         if script:
             fault, name = script.pop(0)
