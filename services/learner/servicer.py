@@ -35,8 +35,10 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         self._stopping = False
         self.waiting = 0  # long polls waiting now
         # Reports take BestModel's lock one at a time: one thread of their own, where asyncio's
-        # default pool would add a thread whenever two reports meet and keep it for good.
+        # default pool would add a thread whenever two reports meet and keep it for good. It
+        # starts here, not at the first report: a learner's thread count is set from the start.
         self._reports = ThreadPoolExecutor(1, thread_name_prefix="report")
+        self._reports.submit(lambda: None)
 
     def _next_publish(self) -> asyncio.Event:
         """The event the next publish sets (made, and hooked to the store, on first use)."""
