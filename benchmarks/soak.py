@@ -314,8 +314,11 @@ def proc_sample(pid: int) -> dict | None:
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     if "VmRSS" not in fields or fields["State"].strip().startswith(("Z", "T")):
         return None  # exiting, exited or paused
-    rss = int(fields["VmRSS"].split()[0]) * 1024
-    return {"rss": rss, "threads": int(fields["Threads"]), "fds": fds}
+    kb = {key: int(fields[key].split()[0]) * 1024 for key in ("VmRSS", "RssAnon", "RssFile")}
+    # rss (VmRSS) is what the slopes use; its anonymous and file-backed parts tell a heap that
+    # grows from code pages touched for the first time (a path first taken after a fault).
+    return {"rss": kb["VmRSS"], "rss_anon": kb["RssAnon"], "rss_file": kb["RssFile"],
+            "threads": int(fields["Threads"]), "fds": fds}  # fmt: skip
 
 
 # --- the nemesis ------------------------------------------------------------------------------
@@ -582,6 +585,10 @@ def check_resources(history: History, warmup: float, min_window: float) -> dict:
             figures[key] = round(slope_per_10_min([(s["t"], s[key] / scale) for s in kept]), 3)
             if figures[key] >= limit:
                 problems.append(f"{name} (pid {pid}): {key} slope {figures[key]} per 10 min")
+        for key in ("rss_anon", "rss_file"):  # its parts, reported, not judged
+            if all(key in s for s in kept):
+                points = [(s["t"], s[key] / MB) for s in kept]
+                figures[key] = round(slope_per_10_min(points), 3)
         figures["minutes"] = round((kept[-1]["t"] - kept[0]["t"]) / 60, 1)
         figures["samples"] = len(kept)
         slopes[f"{name}/{pid}"] = figures
