@@ -573,7 +573,8 @@ def check_resources(history: History, warmup: float, min_window: float) -> dict:
         by_process.setdefault((r["name"], r["pid"]), []).append(r)
     faults = [(f["start"], f["end"]) for f in history.get("faults")]
     slopes, problems = {}, []
-    limits = {"rss": 1.0, "threads": 1.0, "fds": 1.0}
+    # RSS's anonymous and file-backed parts are reported beside it, not judged (None).
+    limits = {"rss": 1.0, "threads": 1.0, "fds": 1.0, "rss_anon": None, "rss_file": None}
     for (name, pid), samples in sorted(by_process.items()):
         kept = [s for s in samples if s["t"] - samples[0]["t"] >= warmup and s.get("full", True)
                 and not any(start <= s["t"] <= end for start, end in faults)]  # fmt: skip
@@ -581,14 +582,12 @@ def check_resources(history: History, warmup: float, min_window: float) -> dict:
             continue
         figures = {}
         for key, limit in limits.items():
-            scale = MB if key == "rss" else 1
+            if limit is None and not all(key in s for s in kept):
+                continue
+            scale = MB if key.startswith("rss") else 1
             figures[key] = round(slope_per_10_min([(s["t"], s[key] / scale) for s in kept]), 3)
-            if figures[key] >= limit:
+            if limit is not None and figures[key] >= limit:
                 problems.append(f"{name} (pid {pid}): {key} slope {figures[key]} per 10 min")
-        for key in ("rss_anon", "rss_file"):  # its parts, reported, not judged
-            if all(key in s for s in kept):
-                points = [(s["t"], s[key] / MB) for s in kept]
-                figures[key] = round(slope_per_10_min(points), 3)
         figures["minutes"] = round((kept[-1]["t"] - kept[0]["t"]) / 60, 1)
         figures["samples"] = len(kept)
         slopes[f"{name}/{pid}"] = figures
