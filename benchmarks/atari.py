@@ -305,22 +305,27 @@ def learner_updates_per_s(batch_size: int, updates: int, precision: str) -> floa
 FRAME_SKIP = 4  # env frames per agent step (AtariPreprocessing's frame_skip)
 
 
-def run_local_pong(seconds: float, run_dir: Path, *flags: str, seed: int = 1) -> list[dict]:
-    """`apexrl local` on Pong (target 21: it runs its whole budget); its metrics.csv rows."""
+def run_local_pong(
+    seconds: float, run_dir: Path, *flags: str, seed: int = 1, env: str = "ALE/Pong-v5"
+) -> list[dict]:
+    """`apexrl local` on an Atari game (a target it cannot reach: it runs its whole budget); its
+    metrics.csv rows."""
     import csv
 
-    command = [sys.executable, "-m", "apexrl.cli", "local", "--env", "ALE/Pong-v5",
-               "--target-return", "21", "--max-seconds", str(seconds), "--seed", str(seed),
+    command = [sys.executable, "-m", "apexrl.cli", "local", "--env", env,
+               "--target-return", "100000", "--max-seconds", str(seconds), "--seed", str(seed),
                "--run-dir", str(run_dir), *flags]  # fmt: skip
     subprocess.run(command, check=False)
     with open(run_dir / "metrics.csv") as fh:
         return list(csv.DictReader(fh))
 
 
-def learn(minutes: float, folder: Path, seed: int) -> dict:
-    """apexrl local on Pong for a wall budget: its metrics.csv is the learning curve."""
-    run_dir = folder / "pong"
-    rows = run_local_pong(minutes * 60, run_dir, seed=seed)
+def learn(
+    minutes: float, folder: Path, seed: int, algorithm: str = "dqn", env: str = "ALE/Pong-v5"
+) -> dict:
+    """apexrl local on a game for a wall budget: its metrics.csv is the learning curve."""
+    run_dir = folder / f"{algorithm}-{env.split('/')[-1]}-seed{seed}"
+    rows = run_local_pong(minutes * 60, run_dir, "--algorithm", algorithm, seed=seed, env=env)
     evaluated = [r for r in rows if r["eval_mean_return"] not in ("", "nan")]
     best = [float(r["eval_best_mean_return"]) for r in evaluated
             if r["eval_best_mean_return"] not in ("", "nan")]  # fmt: skip
@@ -347,12 +352,14 @@ def main() -> None:
     parser.add_argument("--learn-minutes", type=float, default=0.0)
     parser.add_argument("--learn-only", action="store_true", help="only the learning curve")
     parser.add_argument("--seed", type=int, default=1, help="the learning run's seed")
+    parser.add_argument("--algorithm", default="dqn", help="the learning run's algorithm")
+    parser.add_argument("--env", default="ALE/Pong-v5", help="the learning run's game")
     args = parser.parse_args()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     folder = Path(tempfile.mkdtemp(prefix="apexrl-atari-"))
     figures: dict = {}
     if args.learn_only:
-        curve = learn(args.learn_minutes, folder, args.seed)
+        curve = learn(args.learn_minutes, folder, args.seed, args.algorithm, args.env)
         print(json.dumps({"learning": curve}), flush=True)
         scores = {
             "atari_pong_best_greedy_score": curve["best_score"],
@@ -398,7 +405,7 @@ def main() -> None:
         "atari_checkpoint_max_extra_wait_ms": stall["max_extra_wait_ms"],
     }  # fmt: skip
     if args.learn_minutes:
-        curve = learn(args.learn_minutes, folder, args.seed)
+        curve = learn(args.learn_minutes, folder, args.seed, args.algorithm, args.env)
         print(json.dumps({"learning": curve}), flush=True)
         figures["atari_pong_best_greedy_score"] = curve["best_score"]
         figures["atari_pong_best_model_score"] = curve["best_model_score"]
