@@ -315,7 +315,8 @@ def _format_count(n: float) -> str:
 FIELDS = ["seconds", "startup_seconds", "env_steps", "env_steps_per_s", "updates", "updates_per_s", "replay_size",
           "replay_bytes_per_item",
           "eval_mean_return", "eval_rounds", "eval_best_mean_return", "eval_best_version",
-          "parameter_version", "loss", "prefetch_wait_fraction",
+          "parameter_version", "parameter_bytes", "parameter_change_bytes", "loss",
+          "prefetch_wait_fraction",
           "transitions_dropped"]  # fmt: skip
 
 
@@ -453,6 +454,8 @@ def _collect(run: Run, seconds: float, previous: dict | None) -> dict:
         # The best model the learner keeps: its score over both evaluation rounds.
         "eval_best_version": totals.get("apexrl_evaluation_best_version", 0.0),
         "parameter_version": totals.get("apexrl_learner_parameter_version", 0.0),
+        "parameter_bytes": totals.get("apexrl_learner_parameter_bytes", 0.0),
+        "parameter_change_bytes": totals.get("apexrl_learner_parameter_change_bytes", 0.0),
         "loss": totals.get("apexrl_learner_loss", math.nan),
         "prefetch_wait_fraction": totals.get("apexrl_learner_prefetch_wait_fraction", math.nan),
         "transitions_dropped": totals.get("apexrl_actor_transitions_dropped_total", 0.0),

@@ -20,7 +20,7 @@ class Parameters:
     version: int
     lineage: int  # the learner process's; send it back with the version (learner.proto)
     update_step: int
-    arrays: dict[str, np.ndarray]  # empty when the caller already had this version
+    arrays: dict[str, np.ndarray]  # empty when the caller already had this version; read-only
     exploration: float  # the algorithm's exploration parameter for this actor's place
     actor_index: int
     num_actors: int
@@ -28,11 +28,35 @@ class Parameters:
     newest_version: int = 0  # the learner's newest (> version when in_order answered older)
 
 
+def apply_changes(
+    held: Parameters | None, response: learner_pb2.GetParametersResponse, changed: dict
+) -> dict[str, np.ndarray]:
+    """The whole arrays of a change set over the held version (learner.proto: changes_from)."""
+    if held is None or held.version != response.changes_from:
+        raise ValueError(
+            f"changes_from: {response.changes_from}, but the version held is"
+            f" {held.version if held else 'none'}"
+        )
+    arrays = dict(held.arrays)
+    for name, values in changed.items():
+        if name not in arrays:
+            raise ValueError(f'parameters["{name}"]: not among the held version\'s arrays')
+        if name in response.rows:
+            rows = tensors.from_proto(response.rows[name], f'rows["{name}"]')
+            array = arrays[name].copy()
+            array[rows] = values
+            array.setflags(write=False)
+            values = array
+        arrays[name] = values
+    return arrays
+
+
 class LearnerClient(GrpcClient):
     def __init__(self, address: str, *, timeout: float = 10.0, **options):
         """options: retry_seconds, retry_cap, max_message_mb, tls (see GrpcClient)."""
         super().__init__(address, timeout=timeout, **options)
         self.stub = learner_pb2_grpc.LearnerStub(self.channel)
+        self._held: Parameters | None = None  # the last whole parameters received
 
     def get_parameters(
         self,
@@ -44,27 +68,38 @@ class LearnerClient(GrpcClient):
     ) -> Parameters:
         """The newest parameters (none if have_version/have_lineage are the newest);
         wait_seconds > 0: a long poll, answered when a newer version is published or then;
-        in_order: the version after have_version while the learner keeps it (learner.proto)."""
+        in_order: the version after have_version while the learner keeps it (learner.proto).
+        When the version held is the last one this client received, only the rows that changed
+        since travel (accept_changes); the arrays returned are whole either way."""
+        held = self._held
         request = learner_pb2.GetParametersRequest(
             have_version=have_version, actor_id=actor_id, have_lineage=have_lineage,
             wait_seconds=wait_seconds, in_order=in_order,
+            accept_changes=held is not None and (held.version, held.lineage) == (
+                have_version, have_lineage),
         )  # fmt: skip
         timeout = self.timeout + wait_seconds
         response = self._retry(lambda: self._until_stop(request, timeout), "get_parameters")
-        return Parameters(
+        arrays = {
+            name: tensors.from_proto(t, f'parameters["{name}"]')
+            for name, t in response.parameters.items()
+        }
+        if response.changes_from:
+            arrays = apply_changes(held, response, arrays)
+        params = Parameters(
             version=response.version,
             lineage=response.lineage,
             update_step=response.update_step,
-            arrays={
-                name: tensors.from_proto(t, f'parameters["{name}"]')
-                for name, t in response.parameters.items()
-            },
+            arrays=arrays,
             exploration=response.exploration,
             actor_index=response.actor_index,
             num_actors=response.num_actors,
             algorithm=response.algorithm,
             newest_version=response.newest_version,
         )
+        if arrays:
+            self._held = params
+        return params
 
     def _until_stop(
         self, request: learner_pb2.GetParametersRequest, timeout: float

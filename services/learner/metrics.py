@@ -29,6 +29,14 @@ class LearnerMetrics:
         self.weight_mean = gauge("is_weight_mean", "Mean importance weight of the last batch.")
         self.weight_min = gauge("is_weight_min", "Smallest importance weight of the last batch.")
         self.version = gauge("parameter_version", "Newest published parameter version.")
+        self.parameter_bytes = gauge(
+            "parameter_bytes", "Bytes of the newest version's parameters (a caller holding none)."
+        )
+        self.parameter_change_bytes = gauge(
+            "parameter_change_bytes",
+            "Bytes a caller holding the version before the newest pulls: the rows that changed"
+            " (whole arrays where those are smaller).",
+        )
         self.wait_fraction = gauge(
             "prefetch_wait_fraction",
             "Fraction of the last 100 updates' wall time the step waited for a batch.",

@@ -1,5 +1,8 @@
 """The published parameters, encoded once per version, with their lineage: the newest, and
-as many recent ones as `history_bytes` holds for evaluators that play every version."""
+as many recent ones as `history_bytes` holds for evaluators that play every version; and
+which rows of each array changed at each of the last CHANGE_VERSIONS versions, so that a caller
+holding a recent version pulls only the rows that changed since (learner.proto's
+accept_changes): a DND whose update touches a fraction of its slots, an embedding table."""
 
 import collections
 import secrets
@@ -12,12 +15,38 @@ import numpy as np
 from apexrl.common import tensors
 from apexrl.v1 import learner_pb2, tensor_pb2
 
+CHANGE_VERSIONS = 16  # versions whose changed rows are kept (learner.proto: accept_changes)
+INDEX_BYTES = 4  # an INT32 row index
+
+
+def changed_rows(new: np.ndarray, old: np.ndarray | None) -> np.ndarray | None:
+    """Which rows (first axis) of `new` differ from `old`; None: the whole array is new (no
+    old one, another shape or dtype, or nothing to index)."""
+    if old is None or new.shape != old.shape or new.dtype != old.dtype or new.size == 0:
+        return None
+    return (new != old).reshape(len(new), -1).any(axis=1)
+
+
+def worth_rows(array: np.ndarray, rows: np.ndarray | None) -> bool:
+    """Whether sending `rows` (a mask) with their indices is smaller than the whole array."""
+    if rows is None:
+        return False
+    count = int(rows.sum())
+    return count * (array.nbytes // max(len(array), 1) + INDEX_BYTES) < array.nbytes
+
 
 @dataclass
 class _Version:
     version: int
     update_step: int
     parameters: dict[str, tensor_pb2.Tensor]
+    nbytes: int
+
+
+@dataclass
+class _Changes:
+    parameters: dict[str, tensor_pb2.Tensor]
+    rows: dict[str, tensor_pb2.Tensor]
     nbytes: int
 
 
@@ -37,6 +66,16 @@ class ParameterStore:
         self._older_bytes = 0  # of the kept versions but the newest
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
+        self._arrays: dict[str, np.ndarray] = {}  # the newest version's
+        # (version, {name: rows that changed from the version before, None: all}), oldest first
+        self._changes: collections.deque = collections.deque(maxlen=CHANGE_VERSIONS)
+        self._change_sets: dict[int, _Changes | None] = {}  # for the newest, by base version
+        self.change_bytes = 0  # what a caller holding the version before the newest pulls
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the newest version's parameters."""
+        return self._kept[-1].nbytes if self._kept else 0
 
     @property
     def version(self) -> int:
@@ -60,16 +99,26 @@ class ParameterStore:
     ) -> int:
         encoded = {name: tensors.to_proto(a) for name, a in arrays.items()}
         nbytes = sum(len(t.data) for t in encoded.values())
+        changes = {name: changed_rows(a, self._arrays.get(name)) for name, a in arrays.items()}
         with self._lock:
             version = self.version + 1 if version is None else version
             if self._kept and version <= self._kept[-1].version:  # a resumed numbering
                 self._kept.clear()
                 self._older_bytes = 0
+                self._changes.clear()
+            if set(arrays) != set(self._arrays):  # arrays added or gone: no change set spans it
+                self._changes.clear()
+            self._arrays = arrays
+            self._changes.append((version, changes))
             if self._kept:  # the newest becomes history
                 self._older_bytes += self._kept[-1].nbytes
             self._kept.append(_Version(version, update_step, encoded, nbytes))
             while len(self._kept) > 1 and self._older_bytes > self.history_bytes:
                 self._older_bytes -= self._kept.popleft().nbytes
+            self._change_sets = {}
+            # What a caller one version behind pulls (encoded now: most callers are).
+            last = self._change_set(version - 1)
+            self.change_bytes = nbytes if last is None else last.nbytes
         for listener in self._listeners:
             listener()
         return version
@@ -80,15 +129,59 @@ class ParameterStore:
         have_version: int,
         have_lineage: int,
         in_order: bool = False,
+        accept_changes: bool = False,
     ) -> None:
         """The newest version, or with in_order (and this lineage) the oldest kept one after
-        have_version; its parameters unless the caller holds it."""
+        have_version; its parameters unless the caller holds it: with accept_changes, only what
+        changed since have_version where that is known and smaller."""
         with self._lock:
             answer = self._kept[-1] if self._kept else _Version(0, 0, {}, 0)
             if in_order and have_lineage == self.lineage:
                 answer = next((v for v in self._kept if v.version > have_version), answer)
             response.version, response.update_step = answer.version, answer.update_step
             response.newest_version, response.lineage = self.version, self.lineage
-            if not self.holds(have_version, have_lineage):
+            if self.holds(have_version, have_lineage):
+                return
+            changes = None
+            if accept_changes and have_lineage == self.lineage and answer.version == self.version:
+                changes = self._change_set(have_version)
+            if changes is None:
                 for name, tensor in answer.parameters.items():
                     response.parameters[name].CopyFrom(tensor)
+                return
+            response.changes_from = have_version
+            for name, tensor in changes.parameters.items():
+                response.parameters[name].CopyFrom(tensor)
+            for name, rows in changes.rows.items():
+                response.rows[name].CopyFrom(rows)
+
+    def _change_set(self, since: int) -> "_Changes | None":
+        """The newest version over `since` (rows that changed, or whole arrays), encoded once
+        per base version; None when the changes since are not all known or not smaller."""
+        if since in self._change_sets:
+            return self._change_sets[since]
+        # Versions count up by one within a lineage: every change since is kept, or not.
+        later = [c for v, c in self._changes if v > since]
+        if not since or len(later) != self.version - since:
+            return None
+        result = _Changes({}, {}, 0)
+        for name, array in self._arrays.items():
+            masks = [c[name] for c in later]
+            if any(m is None for m in masks):
+                rows = None
+            else:
+                rows = np.logical_or.reduce(masks)
+                if not rows.any():
+                    continue
+            if worth_rows(array, rows):
+                indices = np.flatnonzero(rows).astype(np.int32)
+                result.rows[name] = tensors.to_proto(indices)
+                result.parameters[name] = tensors.to_proto(array[indices])
+                result.nbytes += indices.nbytes + array[indices].nbytes
+            else:
+                result.parameters[name] = tensors.to_proto(array)
+                result.nbytes += array.nbytes
+        if result.nbytes >= self.nbytes:
+            result = None
+        self._change_sets[since] = result
+        return result

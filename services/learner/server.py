@@ -2,7 +2,8 @@
 serves its parameters, leases and evaluation reports over gRPC (learner/servicer.py).
 
 The asyncio loop serves GetParameters from the newest published version, encoded once (or,
-to evaluators that play every version, from the recent ones history_mb keeps).
+to evaluators that play every version, from the recent ones history_mb keeps; to callers a few
+versions behind, the rows that changed since).
 """
 
 import asyncio

@@ -85,7 +85,10 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
             self.live_actors.set(count)
         if wait and not self._stopping:
             await self._wait_for_newer(request.have_version, request.have_lineage, wait, context)
-        self.store.fill(response, request.have_version, request.have_lineage, request.in_order)
+        self.store.fill(
+            response, request.have_version, request.have_lineage, request.in_order,
+            request.accept_changes,
+        )  # fmt: skip
         return response
 
     async def _wait_for_newer(self, version: int, lineage: int, wait: float, context) -> None:

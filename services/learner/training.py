@@ -116,6 +116,8 @@ class Learner:
     def publish(self, version: int | None = None) -> None:
         version = self.store.publish(self.learning.parameters(), self.update_step, version)
         self.metrics.version.set(version)
+        self.metrics.parameter_bytes.set(self.store.nbytes)
+        self.metrics.parameter_change_bytes.set(self.store.change_bytes)
 
     def checkpoint(self) -> None:
         """Publishes, then writes the algorithm's state and the counters (no pickle)."""

@@ -8,22 +8,31 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GetParametersRequest(_message.Message):
-    __slots__ = ("have_version", "actor_id", "have_lineage", "wait_seconds", "in_order")
+    __slots__ = ("have_version", "actor_id", "have_lineage", "wait_seconds", "in_order", "accept_changes")
     HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     HAVE_LINEAGE_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     IN_ORDER_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_CHANGES_FIELD_NUMBER: _ClassVar[int]
     have_version: int
     actor_id: str
     have_lineage: int
     wait_seconds: float
     in_order: bool
-    def __init__(self, have_version: _Optional[int] = ..., actor_id: _Optional[str] = ..., have_lineage: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., in_order: _Optional[bool] = ...) -> None: ...
+    accept_changes: bool
+    def __init__(self, have_version: _Optional[int] = ..., actor_id: _Optional[str] = ..., have_lineage: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., in_order: _Optional[bool] = ..., accept_changes: _Optional[bool] = ...) -> None: ...
 
 class GetParametersResponse(_message.Message):
-    __slots__ = ("version", "parameters", "update_step", "actor_index", "num_actors", "epsilon", "lease_seconds", "lineage", "exploration", "algorithm", "newest_version")
+    __slots__ = ("version", "parameters", "update_step", "actor_index", "num_actors", "epsilon", "lease_seconds", "lineage", "exploration", "algorithm", "newest_version", "changes_from", "rows")
     class ParametersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _tensor_pb2.Tensor
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
+    class RowsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +50,8 @@ class GetParametersResponse(_message.Message):
     EXPLORATION_FIELD_NUMBER: _ClassVar[int]
     ALGORITHM_FIELD_NUMBER: _ClassVar[int]
     NEWEST_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_FROM_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
     version: int
     parameters: _containers.MessageMap[str, _tensor_pb2.Tensor]
     update_step: int
@@ -52,7 +63,9 @@ class GetParametersResponse(_message.Message):
     exploration: float
     algorithm: str
     newest_version: int
-    def __init__(self, version: _Optional[int] = ..., parameters: _Optional[_Mapping[str, _tensor_pb2.Tensor]] = ..., update_step: _Optional[int] = ..., actor_index: _Optional[int] = ..., num_actors: _Optional[int] = ..., epsilon: _Optional[float] = ..., lease_seconds: _Optional[float] = ..., lineage: _Optional[int] = ..., exploration: _Optional[float] = ..., algorithm: _Optional[str] = ..., newest_version: _Optional[int] = ...) -> None: ...
+    changes_from: int
+    rows: _containers.MessageMap[str, _tensor_pb2.Tensor]
+    def __init__(self, version: _Optional[int] = ..., parameters: _Optional[_Mapping[str, _tensor_pb2.Tensor]] = ..., update_step: _Optional[int] = ..., actor_index: _Optional[int] = ..., num_actors: _Optional[int] = ..., epsilon: _Optional[float] = ..., lease_seconds: _Optional[float] = ..., lineage: _Optional[int] = ..., exploration: _Optional[float] = ..., algorithm: _Optional[str] = ..., newest_version: _Optional[int] = ..., changes_from: _Optional[int] = ..., rows: _Optional[_Mapping[str, _tensor_pb2.Tensor]] = ...) -> None: ...
 
 class ReportEvaluationRequest(_message.Message):
     __slots__ = ("version", "lineage", "update_step", "parameters", "returns", "env", "first_seed", "epsilon")

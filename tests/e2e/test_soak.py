@@ -1,10 +1,10 @@
-"""The soak, short: local mode on CartPole for 150 s while a nemesis kills the replay
-and the learner, (as root) cuts the replay off and pauses the learner, then random faults, 5-10 s
-apart; benchmarks/soak.py's checker must find nothing acknowledged lost, no version going back, no
-best model getting worse and CartPole solved again after the learner's restart.
-
-The 10- and 60-minute runs (the nemesis 20-40 s and 1-3 minutes apart): docs/benchmarks.md;
-the resource slopes need windows longer than this test.
+"""The 10-minute soak: local mode on CartPole while, for its first 5 minutes, a nemesis kills
+the learner, the replay, an actor and the evaluator, pauses the learner and the replay and (as
+root) cuts the replay and the learner off, 20-40 s apart; its last 5 minutes have no faults.
+benchmarks/soak.py's checker must find nothing acknowledged lost, no version going back, no
+best model getting worse, CartPole solved again after the learner's restart, and every service's
+RSS, threads and fds flat over the quiet minutes (a bounded step as a fault ends, an outage's
+backlog landing, is not growth; the 60-minute run in docs/benchmarks.md judges whole lives).
 """
 
 import json
@@ -25,32 +25,42 @@ def partition_possible() -> bool:
     return os.geteuid() == 0 and all(shutil.which(tool) for tool in ("ip", "nft"))
 
 
-@pytest.mark.timeout(480)
-def test_a_short_soak_loses_nothing_acknowledged(tmp_path):
-    script = ["kill:replay", "kill:learner"]
+@pytest.mark.timeout(1200)
+def test_ten_minutes_of_faults_lose_nothing_acknowledged_and_leak_nothing(tmp_path):
+    # The learner first, so that its new life is as old as can be when the quiet part starts
+    # (a learner's first minutes read highest: docs/benchmarks.md).
+    script = ["kill:learner", "kill:replay", "pause:learner", "kill:actor-0", "pause:replay",
+              "kill:evaluator"]  # fmt: skip
     faults = "kill,pause"
     if partition_possible():
-        script.append("partition:replay")
+        script[3:3] = ["partition:replay"]
+        script.append("partition:learner")
         faults += ",partition"
-    script.append("pause:learner")
-    command = [sys.executable, str(SOAK), "--soak-overall-timeout-seconds", "150",
-               "--nemesis-interval", "5", "10", "--pause-seconds", "5", "10",
+    command = [sys.executable, str(SOAK), "--soak-overall-timeout-seconds", "600",
+               "--quiet-seconds", "300", "--resource-min-window", "180",
+               "--nemesis-interval", "20", "40", "--pause-seconds", "5", "10",
                "--replay-checkpoint-interval", "5", "--learner-checkpoint-interval", "5",
                "--faults", faults, "--script", ",".join(script),
                "--run-dir", str(tmp_path / "run")]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=420)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=1100)
     assert result.stdout, result.stderr[-3000:]
     report = json.loads(result.stdout.splitlines()[-1])
     summary = json.dumps({k: v for k, v in report.items() if k != "settings"}, indent=1)
     assert result.returncode == 0 and report["passed"], summary + result.stderr[-3000:]
-    # The faults scripted first, as far as the time allowed (the first two at least).
+    # The faults scripted first, as far as the time allowed (the first four at least).
     done = [f"{i['fault']}:{i['target']}" for i in report["iterations"]]
-    assert len(done) >= 2 and done[: len(script)] == script[: len(done)], summary
+    assert len(done) >= 4 and done[: len(script)] == script[: len(done)], summary
     assert all(i["recovered"] for i in report["iterations"]), summary
+    assert report["quiet_from_s"] <= 600 - 180, summary
     replay = report["checks"]["replay-0"]
     assert replay["acknowledged"] > 100 and replay["in_final_table"] > 0, summary
     # Read back: the checkpoint each restart restored, then the final one.
     assert replay["tables_read"] == done.count("kill:replay") + 1, summary
     assert report["checks"]["versions"]["lineages"] >= 2, summary
-    learner_kill = report["iterations"][1]
+    learner_kill = report["iterations"][0]
     assert learner_kill["games"] and learner_kill["games"][-1]["mean_return"] >= 475, summary
+    # The slopes were measured on the services that live through the quiet part: the
+    # restarted learner, the actor never killed and the replay (full by then).
+    measured = report["checks"]["resources"]["measured"]
+    for name in ("learner/", "actor-1/", "replay/"):
+        assert any(key.startswith(name) for key in measured), (name, summary)

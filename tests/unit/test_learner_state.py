@@ -110,3 +110,91 @@ def test_a_bad_history_is_refused_naming_it(bad):
 
     with pytest.raises(ValueError, match="history_mb"):
         build(LearnerConfig(history_mb=bad), prometheus_client.CollectorRegistry())
+
+
+def versions_of(store: ParameterStore, rng: np.random.Generator, count: int, touched: int):
+    """Publishes `count` versions of a 100-row table (`touched` random rows moved each time),
+    a dense layer (all of it moves) and a constant; returns each version's arrays."""
+    arrays = {"table": rng.standard_normal((100, 8)).astype(np.float32),
+              "dense": rng.standard_normal(5).astype(np.float32),
+              "constant": np.ones((4, 2), np.float32)}  # fmt: skip
+    published = {}
+    for _ in range(count):
+        arrays = {name: a.copy() for name, a in arrays.items()}
+        arrays["table"][rng.choice(100, touched, replace=False)] += 1.0
+        arrays["dense"] += 1.0
+        published[store.publish(arrays, update_step=0)] = arrays
+    return published
+
+
+def pull(store: ParameterStore, have: int, lineage: int, in_order: bool = False):
+    response = learner_pb2.GetParametersResponse()
+    store.fill(response, have, lineage, in_order=in_order, accept_changes=True)
+    return response
+
+
+def test_a_caller_holding_a_recent_version_gets_only_the_rows_that_changed():
+    from apexrl.common.learner_client import Parameters, apply_changes
+    from apexrl.learner.parameters import CHANGE_VERSIONS
+
+    store = ParameterStore()
+    published = versions_of(store, np.random.default_rng(0), 30, touched=3)
+    newest = published[30]
+    whole = learner_pb2.GetParametersResponse()
+    store.fill(whole, 29, store.lineage)  # without accept_changes: whole, as always
+    assert whole.changes_from == 0 and set(whole.parameters) == set(newest)
+    for behind in (1, 4, CHANGE_VERSIONS):
+        have = 30 - behind
+        response = pull(store, have, store.lineage)
+        assert response.changes_from == have and response.version == 30
+        # The constant is absent, the dense layer whole, the table its moved rows only: every
+        # row touched since `have` (the union over the versions between), no other.
+        assert set(response.parameters) == {"table", "dense"} and set(response.rows) == {"table"}
+        moved = np.flatnonzero((newest["table"] != published[have]["table"]).any(axis=1))
+        rows = np.frombuffer(response.rows["table"].data, np.int32)
+        assert rows.tolist() == moved.tolist() and 3 <= len(rows) <= 3 * behind < 100
+        assert response.ByteSize() < whole.ByteSize()
+        held = Parameters(have, store.lineage, 0, published[have], 0.0, 0, 0, "dqn")
+        arrays = apply_changes(held, response, {
+            name: np.frombuffer(t.data, np.float32).reshape(t.shape)
+            for name, t in response.parameters.items()
+        })  # fmt: skip
+        for name, array in newest.items():
+            np.testing.assert_array_equal(arrays[name], array, err_msg=name)
+    assert store.change_bytes == 3 * (8 * 4 + 4) + 5 * 4  # one version behind: 3 rows + dense
+    assert store.nbytes == (800 + 5 + 8) * 4
+    # Whole: too far behind (the changes are not all known), another lineage, none held, or an
+    # in_order answer older than the newest.
+    for have, lineage in ((29 - CHANGE_VERSIONS, store.lineage), (29, store.lineage + 1), (0, 0)):
+        response = pull(store, have, lineage)
+        assert response.changes_from == 0 and set(response.parameters) == set(newest)
+    history = ParameterStore(history_bytes=10**6)
+    versions_of(history, np.random.default_rng(1), 5, touched=3)
+    older = pull(history, 2, history.lineage, in_order=True)
+    assert (older.version, older.changes_from) == (3, 0) and len(older.parameters) == 3
+
+
+def test_changes_larger_than_the_whole_are_sent_whole():
+    store = ParameterStore()
+    versions_of(store, np.random.default_rng(0), 3, touched=95)  # rows + their indices > whole
+    response = pull(store, 2, store.lineage)
+    assert response.changes_from == 2 and set(response.parameters) == {"table", "dense"}
+    assert len(response.rows) == 0 and response.parameters["table"].shape == [100, 8]
+    assert store.change_bytes == (800 + 5) * 4
+    dense = ParameterStore()
+    for v in range(1, 4):
+        dense.publish({"w": np.full((6, 2), v, np.float32)}, update_step=v)
+    response = pull(dense, 2, dense.lineage)  # everything moved: the plain answer
+    assert response.changes_from == 0 and len(response.parameters) == 1
+    assert dense.change_bytes == dense.nbytes == 48
+
+
+def test_a_change_set_over_another_version_than_the_one_held_is_refused():
+    from apexrl.common.learner_client import Parameters, apply_changes
+
+    response = learner_pb2.GetParametersResponse(version=5, changes_from=3)
+    held = Parameters(4, 1, 0, {"w": np.zeros(2, np.float32)}, 0.0, 0, 0, "dqn")
+    with pytest.raises(ValueError, match="changes_from: 3, but the version held is 4"):
+        apply_changes(held, response, {})
+    with pytest.raises(ValueError, match="version held is none"):
+        apply_changes(None, response, {})

@@ -171,7 +171,6 @@ def test_training_moves_the_embedding_keys_and_values_and_actors_act_on_them():
     for name in ("embed.1.weight", "dnds.0.keys.weight", "dnds.1.values.weight"):
         assert not torch.equal(before[name], after[name]), name
     parameters = learning.parameters()
-    assert figures["parameter_bytes"] == sum(a.nbytes for a in parameters.values())
     assert parameters["dnds.0.keys.weight"].shape == (50, 4)
     policy = builder.policy()
     policy.load(parameters)

@@ -43,7 +43,6 @@ class NECBuilder(Builder):
     figures = {
         "q_mean": "Mean Q(s, a) of the last batch, looked up in the DNDs.",
         "dnd_size": "Keys the DNDs hold, all actions together.",
-        "parameter_bytes": "Bytes of the parameters published per version (embedding and DNDs).",
     }
     loss_help = "Importance-weighted squared error to the N-step Q targets of the last update."
 

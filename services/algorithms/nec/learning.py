@@ -97,7 +97,6 @@ class NECLearning(Learning):
         self.dnd_optimizer = torch.optim.SparseAdam(rows, lr=config.learning_rate)
         # Ids of the items already written, oldest first, as many as the replay holds.
         self.written: OrderedDict[int, None] = OrderedDict()
-        self.parameter_bytes = float(sum(a.nbytes for a in self.parameters().values()))
 
     def update(self, batch, weights, step):
         with torch.no_grad():
@@ -116,7 +115,6 @@ class NECLearning(Learning):
         self.dnd_optimizer.step()
         figures = {"loss": loss.item(), "q_mean": q.detach().mean().item()}
         figures["dnd_size"] = float(sum(dnd.used for dnd in self.net.dnds))
-        figures["parameter_bytes"] = self.parameter_bytes
         return None, figures
 
     def _write(self, batch, h: torch.Tensor, y: torch.Tensor) -> None:
