@@ -100,6 +100,11 @@ def test_bad_dictionary_sizes_refused_naming_the_setting(options, name):
         make(**options)
 
 
+def test_a_refresh_of_no_versions_is_refused_naming_it():
+    with pytest.raises(ValueError, match="^refresh_versions: must be >= 1, got 0"):
+        make(refresh_versions=0)
+
+
 def make(**settings):
     config = LearnerConfig(
         algorithm="nec", env="CartPole-v1", hidden="16", learning_rate=1e-2,
@@ -198,3 +203,53 @@ def test_checkpoint_state_round_trip():
     again, _ = restored.state()
     assert set(again) == set(arrays)
     restored.update(batch, torch.ones(16), 4)  # the restored optimizers step
+
+
+def test_published_dictionaries_are_refreshed_in_turn_and_never_older_than_refresh_versions():
+    torch.manual_seed(0)
+    rng = np.random.default_rng(2)
+
+    def train(learning, step: int) -> dict[str, np.ndarray]:
+        obs = rng.standard_normal((16, 4))
+        batch = batch_of(obs, rng.integers(0, 2, 16), np.ones(16), np.full(16, 0.9), obs + 0.1)
+        learning.update(batch, torch.ones(16), step)
+        return {k: v.numpy().copy() for k, v in learning.net.state_dict().items()}
+
+    builder = make(refresh_versions=4)  # capacity 50: 13 rows per version in turn
+    learning = builder.learning(builder.config, torch.device("cpu"))
+    for step in range(1, 6):
+        live = train(learning, step)
+    published = [learning.parameters()]  # the first version is the net whole
+    lives = [live]
+    for name, array in live.items():
+        np.testing.assert_array_equal(published[0][name], array, err_msg=name)
+    for step in range(6, 20):
+        lives.append(train(learning, step))
+        written = [set(d.written_slots) for d in learning.net.dnds]
+        published.append(learning.parameters())
+        now, live = published[-1], lives[-1]
+        np.testing.assert_array_equal(now["embed.1.weight"], live["embed.1.weight"])
+        for a, slots in enumerate(written):
+            name = f"dnds.{a}.keys.weight"
+            changed = set(np.flatnonzero((now[name] != published[-2][name]).any(axis=1)).tolist())
+            fresh = set(np.flatnonzero((now[name] == live[name]).all(axis=1)).tolist())
+            # The rows the update wrote are published at once; beside them at most a share of
+            # ceil(50 / 4) = 13 rows changes per version.
+            assert slots and slots <= fresh and len(changed - slots) <= 13, (step, a)
+            # Each row is the learner's row of this version or of one of the 3 before it.
+            recent = np.zeros(50, bool)
+            for old in lives[-4:]:
+                recent |= (now[name] == old[name]).all(axis=1)
+            assert recent.all(), (step, a, np.flatnonzero(~recent))
+            assert len(fresh) < 50 or step < 9  # rows the learner moved wait for their turn
+    # With no update in between, 4 versions bring every row up to date.
+    for _ in range(4):
+        last = learning.parameters()
+    for name, array in learning.net.state_dict().items():
+        np.testing.assert_array_equal(last[name], array.numpy(), err_msg=name)
+    # 1: every row, every version.
+    exact = make(refresh_versions=1).learning(builder.config, torch.device("cpu"))
+    for step in range(1, 4):
+        live = train(exact, step)
+        for name, array in exact.parameters().items():
+            np.testing.assert_array_equal(array, live[name], err_msg=name)

@@ -25,6 +25,11 @@ class Settings:
     delta: float = option(1e-3, "the kernel's delta: w = 1/(squared distance + delta)")
     alpha: float = option(0.1, "tabular write rate of a key already held: v += alpha (y - v)")
     key_size: int = option(32, "the embedding's (the keys') width")
+    refresh_versions: int = option(
+        8, "a published DND row is at most this many versions older than the learner's: each"
+        " version carries the rows written since the one before and 1/refresh_versions of the"
+        " others, in turn (1: every row, every version)",
+    )  # fmt: skip
     replay_capacity: int = option(100_000, "transitions the replay table holds (per shard)")
     min_size_to_sample: int = option(1_000, "sampling waits until the table holds this many")
     samples_per_insert: float = option(
@@ -62,7 +67,8 @@ class NECBuilder(Builder):
             raise ValueError(
                 f"neighbours: must be in [1, capacity = {s.capacity}], got {s.neighbours}"
             )
-        for name, low in (("n_step", 1), ("key_size", 1), ("replay_capacity", 1)):
+        for name, low in (("n_step", 1), ("key_size", 1), ("replay_capacity", 1),
+                          ("refresh_versions", 1)):  # fmt: skip
             if getattr(s, name) < low:
                 raise ValueError(f"{name}: must be >= {low}, got {getattr(s, name)}")
         if s.delta <= 0:

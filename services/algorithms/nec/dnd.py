@@ -60,6 +60,7 @@ class DND(nn.Module):
             "last_used", torch.zeros(capacity, dtype=torch.int64), persistent=False
         )
         self.clock = 0
+        self.written_slots: set[int] = set()  # written since the learner last published
 
     @property
     def used(self) -> int:
@@ -108,6 +109,7 @@ class DND(nn.Module):
                     # Later copies of this key in the batch update the slot it now holds.
                     later[(keys[i + 1 :] == key).all(axis=1)] = slot
                 self.last_used[slot] = self.clock
+                self.written_slots.add(slot)
         return counts
 
     def _free_slot(self, counts: dict[str, int]) -> int:

@@ -97,6 +97,8 @@ class NECLearning(Learning):
         self.dnd_optimizer = torch.optim.SparseAdam(rows, lr=config.learning_rate)
         # Ids of the items already written, oldest first, as many as the replay holds.
         self.written: OrderedDict[int, None] = OrderedDict()
+        self.published: dict[str, np.ndarray] | None = None  # the last parameters() answer
+        self.refresh_from = 0  # the first DND row of the next version's share
 
     def update(self, batch, weights, step):
         with torch.no_grad():
@@ -135,7 +137,33 @@ class NECLearning(Learning):
                 dnd.write(keys[mine], values[mine])
 
     def parameters(self) -> dict[str, np.ndarray]:
-        return state_to_numpy(self.net)
+        """The embedding as it is; each DND as last published, refreshed in the rows written
+        since and in the next 1/refresh_versions of its slots (a bounded refresh: an update
+        moves the keys and values of every neighbour it looked up, which in a few updates is
+        most rows, so a whole DND per version would be most of the payload)."""
+        live = state_to_numpy(self.net)
+        capacity, every = self.settings.capacity, self.settings.refresh_versions
+        if self.published is None or every == 1:
+            for dnd in self.net.dnds:
+                dnd.written_slots.clear()
+            self.published = live
+            return {name: a.copy() for name, a in live.items()}
+        share = np.arange(self.refresh_from, self.refresh_from + -(-capacity // every)) % capacity
+        self.refresh_from = int(share[-1] + 1) % capacity
+        arrays = {}
+        for name, array in live.items():
+            if name.startswith("dnds.") and array.shape[:1] == (capacity,):
+                dnd = self.net.dnds[int(name.split(".")[1])]
+                rows = np.union1d(
+                    share, np.fromiter(dnd.written_slots, np.int64, len(dnd.written_slots))
+                )
+                array, fresh = self.published[name].copy(), array
+                array[rows] = fresh[rows]
+            arrays[name] = array
+        for dnd in self.net.dnds:
+            dnd.written_slots.clear()
+        self.published = arrays
+        return {name: a.copy() for name, a in arrays.items()}
 
     def state(self) -> tuple[dict[str, np.ndarray], dict]:
         arrays = {f"online/{k}": v for k, v in state_to_numpy(self.net).items()}
@@ -158,6 +186,7 @@ class NECLearning(Learning):
 
     def load_state(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
         load_numpy_state(self.net, prefixed(arrays, "online"))
+        self.published = None  # the next version is the restored net whole
         for a, dnd in enumerate(self.net.dnds):
             dnd.last_used.copy_(torch.from_numpy(arrays[f"last_used/{a}"]))
             dnd.clock = meta["clocks"][a]
