@@ -643,13 +643,14 @@ def soak(args, run: SoakRun, history: History, judge: Judge, nemesis: Nemesis, s
         record.pop("ended")
         iterations.append(record)
         log(f"iteration {len(iterations)}: {record}")
+    quiet = args.quiet_seconds > 0
     quiet_from = max([started] + [f["end"] for f in history.get("faults")])
-    if args.quiet_seconds > 0 and ok:
+    if quiet and ok:
         log(f"quiet from {quiet_from - started:.0f} s to the end")
         stop.wait(max(0.0, deadline - time.time()))
-    quiet = args.quiet_seconds > 0
-    return {"quiet_from_s": round(quiet_from - started, 1) if quiet else None,
-            "quiet_since": quiet_from if quiet else 0.0, "warmup_s": round(warmup, 1), "solved_before_faults": ok, "iterations": iterations,
+    return {"warmup_s": round(warmup, 1), "solved_before_faults": ok, "iterations": iterations,
+            "quiet_from_s": round(quiet_from - started, 1) if quiet else None,
+            "quiet_since": quiet_from if quiet else 0.0,
             "seconds": round(time.time() - started, 1)}  # fmt: skip
 
 
