@@ -123,7 +123,7 @@ class Learner:
         """Publishes, then writes the algorithm's state and the counters (no pickle)."""
         if not self.config.checkpoint_dir:
             return
-        self.publish()  # the checkpoint's online parameters are exactly the newest version
+        self.publish()  # the newest version is published from the weights checkpointed
         counters = {
             "update_step": self.update_step,
             "version": self.store.version,
