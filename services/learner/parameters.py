@@ -164,24 +164,28 @@ class ParameterStore:
         later = [c for v, c in self._changes if v > since]
         if not since or len(later) != self.version - since:
             return None
-        result = _Changes({}, {}, 0)
+        plan: dict[str, np.ndarray | None] = {}  # name -> the rows to send, None: whole
+        nbytes = 0
         for name, array in self._arrays.items():
             masks = [c[name] for c in later]
-            if any(m is None for m in masks):
-                rows = None
-            else:
-                rows = np.logical_or.reduce(masks)
-                if not rows.any():
-                    continue
+            rows = None if any(m is None for m in masks) else np.logical_or.reduce(masks)
+            if rows is not None and not rows.any():
+                continue
             if worth_rows(array, rows):
-                indices = np.flatnonzero(rows).astype(np.int32)
-                result.rows[name] = tensors.to_proto(indices)
-                result.parameters[name] = tensors.to_proto(array[indices])
-                result.nbytes += indices.nbytes + array[indices].nbytes
+                plan[name] = np.flatnonzero(rows).astype(np.int32)
+                nbytes += len(plan[name]) * (array.nbytes // len(array) + INDEX_BYTES)
             else:
-                result.parameters[name] = tensors.to_proto(array)
-                result.nbytes += array.nbytes
-        if result.nbytes >= self.nbytes:
-            result = None
+                plan[name] = None
+                nbytes += array.nbytes
+        result = None
+        if nbytes < self.nbytes:  # sized first: a dense network's is never encoded twice
+            result = _Changes({}, {}, nbytes)
+            for name, indices in plan.items():
+                array = self._arrays[name]
+                if indices is None:
+                    result.parameters[name] = tensors.to_proto(array)
+                else:
+                    result.rows[name] = tensors.to_proto(indices)
+                    result.parameters[name] = tensors.to_proto(array[indices])
         self._change_sets[since] = result
         return result
