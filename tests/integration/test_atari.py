@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from apexrl import algorithms
 from apexrl.algorithms.base import Policy
 from apexrl.algorithms.columns import unpack
+from apexrl.algorithms.r2d2.builder import R2D2Builder
 from apexrl.common import codec
 from apexrl.common.codec import Packed
 from apexrl.config import AgentConfig, LearnerConfig
@@ -154,6 +155,31 @@ def test_a_bfloat16_update_keeps_float32_state_and_float32s_priorities_within_it
     assert not np.array_equal(priorities["bfloat16"], priorities["float32"])  # autocast ran
     agree = (steps["bfloat16"].sign() == steps["float32"].sign()).float().mean().item()
     assert agree > 0.95, f"only {agree:.1%} of the weights stepped the same way"
+
+
+def test_r2d2_bfloat16_updates_give_float32s_priorities_within_its_precision():
+    """r2d2 rescales its targets (h and h^-1 cancel digits): under a bfloat16 autocast its
+    priorities stay float32's to bfloat16's precision, on Pong sequences of rewards -1, 0, 1."""
+    settings = R2D2Builder.Settings(**R2D2Builder.presets(PONG)["r2d2"])  # LSTM 256, 20 steps
+    rng = np.random.default_rng(0)
+    n, steps = 8, settings.sequence_length
+    columns = {
+        "observations": torch.from_numpy(
+            rng.integers(0, 255, (n, steps + 1, 4, 84, 84), dtype=np.uint8)),
+        "actions": torch.from_numpy(rng.integers(0, 6, (n, steps))),
+        "rewards": torch.from_numpy(rng.choice([-1.0, 0.0, 1.0], (n, steps)).astype(np.float32)),
+        "discounts": torch.full((n, steps), 0.99),
+        "mask": torch.ones(n, steps),
+        "state": torch.from_numpy(rng.normal(0, 0.1, (n, 512)).astype(np.float32)),
+    }  # fmt: skip
+    priorities = {}
+    for precision in ("float32", "bfloat16"):
+        learner = pong_learner(algorithm="r2d2", algo=settings, precision=precision, seed=1)
+        sink = queue.Queue()
+        learner._update(columns, torch.ones(n), np.arange(n), sink)
+        priorities[precision] = sink.get_nowait()[1]
+    np.testing.assert_allclose(priorities["bfloat16"], priorities["float32"], rtol=0.02)
+    assert not np.array_equal(priorities["bfloat16"], priorities["float32"])  # autocast ran
 
 
 @pytest.mark.parametrize("precision", ["float16", "bf16", ""])

@@ -35,7 +35,9 @@ class RecurrentQNetwork(nn.Module):
         )
         value, advantage = self.value(out), self.advantage(out)
         q = value + advantage - advantage.mean(dim=2, keepdim=True)
-        return q, torch.cat([h[0], c[0]], dim=1)
+        # float32 out of a bfloat16 autocast: h^-1 of the targets cancels digits bfloat16's 8
+        # bits do not have (h^-1(-0.8) came out +1 in bfloat16).
+        return q.float(), torch.cat([h[0], c[0]], dim=1).float()
 
 
 def build_network(obs_shape: Sequence[int], obs_dtype: npt.DTypeLike, num_actions: int,
