@@ -170,7 +170,7 @@ def test_r2d2_bfloat16_updates_give_float32s_priorities_within_its_precision():
         "rewards": torch.from_numpy(rng.choice([-1.0, 0.0, 1.0], (n, steps)).astype(np.float32)),
         "discounts": torch.full((n, steps), 0.99),
         "mask": torch.ones(n, steps),
-        "state": torch.from_numpy(rng.normal(0, 0.1, (n, 512)).astype(np.float32)),
+        "state": torch.from_numpy(rng.normal(0, 0.1, (n, 2 * settings.lstm_size)).astype(np.float32)),
     }  # fmt: skip
     priorities = {}
     for precision in ("float32", "bfloat16"):
