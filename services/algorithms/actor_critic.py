@@ -30,7 +30,8 @@ class ActorCriticNetwork(nn.Module):
     Stable-Baselines3's MlpPolicy (and CleanRL's PPO) build them: separate torsos (the value
     loss does not pull on the policy's features), tanh MLPs, orthogonal weights with gain
     sqrt(2) in the torsos, 0.01 on the logits (a near-uniform first policy) and 1 on the
-    value, zero biases. The conv torso of image observations keeps its ReLUs."""
+    value, zero biases. The conv torso of image observations keeps its ReLUs. Outputs leave a
+    bfloat16 autocast (`precision`) as float32: V-trace, GAE and the log-softmax run in float32."""
 
     def __init__(self, obs_shape, obs_dtype, num_actions: int, hidden):
         super().__init__()
@@ -47,11 +48,11 @@ class ActorCriticNetwork(nn.Module):
                     nn.init.zeros_(layer.bias)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.policy(obs), self.value(self.value_torso(obs)).squeeze(-1)
+        return self.policy(obs), self.value(self.value_torso(obs)).squeeze(-1).float()
 
     def policy(self, obs: torch.Tensor) -> torch.Tensor:
         """The logits alone (acting needs no value: half the forward pass)."""
-        return self.logits(self.policy_torso(obs))
+        return self.logits(self.policy_torso(obs)).float()
 
 
 class ActorCriticPolicy(Policy):

@@ -243,6 +243,19 @@ def test_switching_a_task_off_takes_exactly_its_own_gradients_away(task, head):
     assert any(alone[name].any() for name in alone if name.startswith(head))
 
 
+def test_every_head_leaves_a_bfloat16_autocast_as_float32():
+    """precision bfloat16 runs the passes under autocast; V-trace, GAE and the auxiliary targets
+    are computed from these outputs, and would lose all but 8 bits in bfloat16."""
+    net = UNREALNetwork(IMAGE, np.uint8, 3, (32,), pixel_control=True, reward_prediction=True)
+    obs = torch.randint(0, 256, (2, *IMAGE), dtype=torch.uint8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, values = net(obs)
+        outputs = [logits, values, net.policy(obs), net.values(obs), net.pixel_q(obs),
+                   net.reward_logits(torch.stack([obs, obs, obs], 1))]  # fmt: skip
+    assert net.logits.weight.dtype == torch.float32
+    assert [o.dtype for o in outputs] == [torch.float32] * 6
+
+
 def test_bad_settings_are_refused_naming_them():
     def make(env="CartPole-v1", **overrides):
         overrides.setdefault("pc_lambda", 0.0)

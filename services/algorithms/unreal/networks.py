@@ -48,14 +48,14 @@ class UNREALNetwork(ActorCriticNetwork):
 
     def values(self, obs: torch.Tensor) -> torch.Tensor:
         """V(obs) [B] alone."""
-        return self.value(self.value_torso(obs)).squeeze(-1)
+        return self.value(self.value_torso(obs)).squeeze(-1).float()
 
     def pixel_q(self, obs: torch.Tensor) -> torch.Tensor:
         """Pixel control's Q [B, actions, 20, 20]."""
-        return self.pixel_control(self.policy_torso(obs))
+        return self.pixel_control(self.policy_torso(obs)).float()
 
     def reward_logits(self, windows: torch.Tensor) -> torch.Tensor:
         """Logits [B, 3] of the reward after each window of observations [B, 3, *obs]."""
         b = windows.shape[0]
         features = self.policy_torso(windows.reshape(b * WINDOW, *windows.shape[2:]))
-        return self.reward_prediction(features.reshape(b, -1))
+        return self.reward_prediction(features.reshape(b, -1)).float()
