@@ -78,12 +78,34 @@ def test_noisy_actors_have_no_epsilon_ladder():
         ({"v_min": 6.0, "v_max": 5.0}, "v_min"),
         ({"sigma0": 0.0}, "sigma0"),
         ({"sigma0": -0.5}, "sigma0"),
+        ({"adam_epsilon": 0.0}, "adam_epsilon"),
+        ({"adam_epsilon": -1e-4}, "adam_epsilon"),
     ],
 )
 @pytest.mark.parametrize("algorithm", ["dqn", "rainbow"])
 def test_bad_settings_refused_at_start_up_naming_the_setting(algorithm, settings, name):
     with pytest.raises(ValueError, match=f"^{name}: "):
         make(algorithm, **settings)
+
+
+@pytest.mark.parametrize("option", ["huber", "c51"])
+def test_adam_epsilon_is_the_floor_of_the_learners_step(option):
+    """Adam moves each weight by lr * m / (sqrt(v) + eps): about lr on the first update with
+    torch's 1e-8, far less with an epsilon as large as the gradients."""
+
+    def largest_change(**settings):
+        torch.manual_seed(0)
+        builder = make(**OPTIONS[option], **settings)
+        builder.spec = dataclasses.replace(builder.spec, obs_shape=(3,))
+        learning = builder.learning(builder.config, torch.device("cpu"))
+        before = [p.detach().clone() for p in learning.online.parameters()]
+        learning.update(TRANSITIONS, torch.ones(4), 1)
+        after = learning.online.parameters()
+        return max((a - b).abs().max().item() for a, b in zip(after, before, strict=True))
+
+    lr = 1e-2
+    assert largest_change() == pytest.approx(lr, rel=0.01)
+    assert largest_change(adam_epsilon=10.0) < lr / 10
 
 
 def test_rainbow_is_an_algorithm_name_with_dqns_settings_and_rainbows_defaults(tmp_path):
@@ -93,6 +115,7 @@ def test_rainbow_is_an_algorithm_name_with_dqns_settings_and_rainbows_defaults(t
     assert (s.noisy, s.distributional, s.atoms, s.n_step, s.priority_exponent) == (
         True, True, 51, 3, 0.5)  # fmt: skip
     assert (s.v_min, s.v_max, s.capacity) == (-100.0, 100.0, 100_000)  # classic control's preset
+    assert (s.adam_epsilon, Settings().adam_epsilon) == (1.5e-4, 1e-8)
     atari = algorithms.get("rainbow").presets("ALE/Breakout-v5")["rainbow"]
     assert "v_min" not in atari and atari["target_update_interval"] == 250
     flagged = local.parse(["--algorithm", "rainbow", "--v-max", "50", "--no-noisy"])

@@ -27,6 +27,7 @@ class Settings(OffPolicySettings):
     atoms: int = option(51, "C51: atoms of the return distribution")
     v_min: float = option(-10.0, "C51: the lowest atom's return")
     v_max: float = option(10.0, "C51: the highest atom's return")
+    adam_epsilon: float = option(1e-8, "Adam's epsilon (the denominator's floor)")
 
 
 @dataclass
@@ -39,6 +40,11 @@ class RainbowSettings(Settings):
     )
     priority_exponent: float = option(
         0.5, OffPolicySettings.__dataclass_fields__["priority_exponent"].metadata["help"]
+    )
+    # Rainbow's (Hessel et al. 2018, Table 1; Dopamine's C51 takes 0.01 / 32): at torch's 1e-8,
+    # C51's small cross-entropy gradients get full-size Adam steps.
+    adam_epsilon: float = option(
+        1.5e-4, Settings.__dataclass_fields__["adam_epsilon"].metadata["help"]
     )
 
 
@@ -76,6 +82,8 @@ class DQNBuilder(OffPolicyBuilder):
             raise ValueError(f"atoms: must be >= 2, got {s.atoms}")
         if not s.v_min < s.v_max:
             raise ValueError(f"v_min: must be < v_max, got v_min {s.v_min}, v_max {s.v_max}")
+        if s.adam_epsilon <= 0:
+            raise ValueError(f"adam_epsilon: must be > 0, got {s.adam_epsilon}")
 
     def columns(self) -> list[Column]:
         """n-step transitions whose actions are int64 indices."""

@@ -1,6 +1,8 @@
 """Ape-X DQN's policy (epsilon-greedy, or noisy heads) and learning (double DQN, dueling
 network, n-step; expected Q or C51's distribution)."""
 
+import functools
+
 import numpy as np
 import torch
 
@@ -8,7 +10,7 @@ from apexrl.algorithms.base import Learning, Policy
 from apexrl.algorithms.dqn.losses import c51_loss, dqn_loss
 from apexrl.algorithms.dqn.networks import QNetwork, set_noise
 from apexrl.algorithms.exploration import epsilon_greedy
-from apexrl.algorithms.networks import TargetNetworkLearning, load_numpy_state
+from apexrl.algorithms.networks import TargetNetworkLearning, adam, load_numpy_state
 
 
 def loss_of(net: QNetwork):
@@ -64,6 +66,12 @@ class DQNLearning(TargetNetworkLearning, Learning):
     def __init__(self, build, config, settings, device: torch.device):
         super().__init__(build, config, settings, device)
         self.loss = loss_of(self.online)
+
+    @functools.cached_property
+    def optimizer(self) -> torch.optim.Adam:
+        return adam(
+            self.online.parameters(), self.config.learning_rate, eps=self.settings.adam_epsilon
+        )
 
     def update(self, batch, weights, step):
         # Independent noise for the online and target networks at every update (Rainbow).
