@@ -334,3 +334,36 @@ def test_an_evaluation_scores_the_game_unclipped(monkeypatch):
     returns = evaluation.evaluate(RandomPolicy(6), env_id, episodes=1, seed=3)
     assert max(paid) > 1  # rewards clipping would change
     assert returns[0] == sum(paid)
+
+
+def test_a_lost_life_ends_the_returns_of_breakout_actors_with_life_loss_terminal(service_process):
+    """Two Breakout actors, each alone on its learner (epsilon 0.4 both), one with
+    life_loss_terminal: its 1-step transitions end (discount 0) at each of the game's 5 lives,
+    the other's at game overs only, so its share of ended transitions is about 5 times the
+    other's."""
+    env = "ALE/Breakout-v5"
+    columns = algorithms.transition_columns(AgentConfig(env=env))
+    sig = ",".join(c.spec() for c in columns)
+    processes, clients = [], {}
+    for ends in (True, False):
+        replay = service_process("replay", "--signature", sig, "--alpha", "0",  # uniform draws
+                                 "--min-size-to-sample", "1")  # fmt: skip
+        learner = service_process("learner", "--env", env, "--replay", replay.address,
+                                  "--batch-size", "1", "--max-updates", "1")  # fmt: skip
+        actor = service_process(
+            "actor", "--env", env, "--replay", replay.address, "--learner", learner.address,
+            "--num-envs", "4", "--n-step", "1", *(["--life-loss-terminal"] if ends else []),
+        )  # fmt: skip
+        processes += [actor, learner, replay]
+        clients[ends] = ReplayClient(replay.address)
+    wait_for(lambda: min(c.info().size for c in clients.values()) >= 4_000, 240, "4,000 items")
+    ended = {}
+    for ends, client in clients.items():
+        fields, ok = unpack(client.sample(8_000, beta=0.0).columns, columns)
+        assert ok.all()
+        ended[ends] = (fields["discount"] == 0).mean()
+        client.close()
+    assert ended[False] > 0  # games did end
+    assert ended[True] > 3 * ended[False], ended
+    for process in processes:
+        process.stop()

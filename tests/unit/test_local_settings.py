@@ -9,11 +9,11 @@ import pytest
 from apexrl import local
 
 
-def written(tmp_path, env, user_file=None, *flags):
-    """The config.toml local mode writes for impala on `env`."""
+def written(tmp_path, env, user_file=None, *flags, algorithm="impala"):
+    """The config.toml local mode writes for `algorithm` on `env`."""
     path = tmp_path / "user.toml"
     path.write_text(local.dump_toml(user_file or {}))
-    argv = ["--algorithm", "impala", "--env", env, "--config", str(path), *flags]
+    argv = ["--algorithm", algorithm, "--env", env, "--config", str(path), *flags]
     run = local.Run(local.parse(argv), user_file or {}, tmp_path / env)
     return tomllib.loads(run.config_path.read_text())
 
@@ -30,6 +30,19 @@ def test_impala_on_acrobot_takes_its_env_presets_and_a_user_file_overrides_them(
     assert mine["learner"]["batch_size"] == 8  # the algorithm's preset, kept
     flagged = written(tmp_path, "Acrobot-v1", {"impala": {"passes": 3}}, "--passes", "5")
     assert flagged["impala"]["passes"] == 5  # flags beat the file
+
+
+@pytest.mark.parametrize("algorithm, ends", [("dqn", True), ("rainbow", True), ("impala", False)])
+def test_dqns_atari_actors_end_the_returns_at_a_lost_life(tmp_path, algorithm, ends):
+    """CleanRL's and Nature DQN's training protocol for Breakout, local mode's Atari preset of
+    the dqn family; the game and its evaluation go on to the last life."""
+    actor = written(tmp_path, "ALE/Breakout-v5", algorithm=algorithm)["actor"]
+    assert (actor.get("life_loss_terminal", False), actor["num_envs"]) == (ends, 4)
+    mine = written(tmp_path, "ALE/Breakout-v5", {"actor": {"life_loss_terminal": False}},
+                   algorithm=algorithm)  # fmt: skip
+    assert mine["actor"]["life_loss_terminal"] is False
+    assert written(tmp_path, "CartPole-v1", algorithm=algorithm)["actor"].get(
+        "life_loss_terminal", False) is False  # fmt: skip
 
 
 def test_the_replay_tables_are_the_builders_split_over_the_shards(tmp_path):

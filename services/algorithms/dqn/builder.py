@@ -61,11 +61,13 @@ class DQNBuilder(OffPolicyBuilder):
             return {"dqn": SMALL_MACHINE}
         # CleanRL's DQN Atari learner (Adam 1e-4, batch 32, the target synced every 1,000 env
         # steps of its single actor, i.e. 250 of its updates), updates in bfloat16 where the
-        # hardware has it, 2 replays per transition so the actors keep pace with a CPU learner.
+        # hardware has it, 2 replays per transition so the actors keep pace with a CPU learner;
+        # a lost life ends the returns as in CleanRL's and Nature DQN's training (Breakout).
         return {
             "dqn": {**SMALL_MACHINE, "min_size_to_sample": 2_000, "samples_per_insert": 2.0,
                     "error_buffer": 4_000.0, "target_update_interval": 250},
             "learner": {"batch_size": 32, "learning_rate": 1e-4, "precision": "auto"},
+            "actor": {"life_loss_terminal": True},
         }  # fmt: skip
 
     def check(self) -> None:
