@@ -48,11 +48,15 @@ class ActorCriticNetwork(nn.Module):
                     nn.init.zeros_(layer.bias)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.policy(obs), self.value(self.value_torso(obs)).squeeze(-1).float()
+        return self.policy(obs), self.values(obs)
 
     def policy(self, obs: torch.Tensor) -> torch.Tensor:
         """The logits alone (acting needs no value: half the forward pass)."""
         return self.logits(self.policy_torso(obs)).float()
+
+    def values(self, obs: torch.Tensor) -> torch.Tensor:
+        """V(obs) [B] alone."""
+        return self.value(self.value_torso(obs)).squeeze(-1).float()
 
 
 class ActorCriticPolicy(Policy):
@@ -85,7 +89,7 @@ class ActorCriticPolicy(Policy):
     def values(self, obs: np.ndarray) -> np.ndarray:
         """V(obs) [B] (an actor bootstraps a truncated episode's last reward with it)."""
         with torch.no_grad():
-            return self.net(torch.from_numpy(obs))[1].numpy()
+            return self.net.values(torch.from_numpy(obs)).numpy()
 
     def priorities(self, items: dict[str, np.ndarray]) -> np.ndarray:
         """Unrolls are consumed in order, not by priority: all 1."""

@@ -46,10 +46,6 @@ class UNREALNetwork(ActorCriticNetwork):
             else None
         )
 
-    def values(self, obs: torch.Tensor) -> torch.Tensor:
-        """V(obs) [B] alone."""
-        return self.value(self.value_torso(obs)).squeeze(-1).float()
-
     def pixel_q(self, obs: torch.Tensor) -> torch.Tensor:
         """Pixel control's Q [B, actions, 20, 20]."""
         return self.pixel_control(self.policy_torso(obs)).float()
