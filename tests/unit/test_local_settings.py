@@ -32,6 +32,20 @@ def test_impala_on_acrobot_takes_its_env_presets_and_a_user_file_overrides_them(
     assert flagged["impala"]["passes"] == 5  # flags beat the file
 
 
+@pytest.mark.parametrize("algorithm", ["impala", "unreal"])
+def test_the_actor_critics_learn_atari_at_impalas_published_rate(tmp_path, algorithm):
+    """IMPALA's learning rate and gradient clip on Atari, one pass per batch; the small
+    machine's elsewhere (and unreal's pixel control is on only for frames)."""
+    pong = written(tmp_path, "ALE/Pong-v5", algorithm=algorithm)
+    cartpole = written(tmp_path, "CartPole-v1", algorithm=algorithm)
+    assert (pong["learner"]["learning_rate"], pong["learner"]["max_grad_norm"]) == (6e-4, 40.0)
+    assert (pong[algorithm]["passes"], cartpole[algorithm]["passes"]) == (1, 2)
+    assert cartpole["learner"]["learning_rate"] == 2e-3
+    assert cartpole["learner"].get("max_grad_norm", 10.0) == 10.0
+    if algorithm == "unreal":
+        assert (pong["unreal"]["pc_lambda"], cartpole["unreal"]["pc_lambda"]) == (0.05, 0.0)
+
+
 @pytest.mark.parametrize("algorithm, ends", [("dqn", True), ("rainbow", True), ("impala", False)])
 def test_dqns_atari_actors_end_the_returns_at_a_lost_life(tmp_path, algorithm, ends):
     """CleanRL's and Nature DQN's training protocol for Breakout, local mode's Atari preset of

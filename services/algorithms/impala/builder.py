@@ -12,6 +12,7 @@ seeds went unsolved in 60 s).
 
 from dataclasses import dataclass
 
+from apexrl.algorithms.envs import is_atari
 from apexrl.algorithms.on_policy import OnPolicyBuilder, OnPolicySettings
 from apexrl.config import option
 
@@ -52,9 +53,15 @@ class IMPALABuilder(OnPolicyBuilder):
         passes, lambda 0.8, normalized advantages, no entropy bonus, gradient norm 0.5) solved
         several times faster; on CartPole-v1 they fell behind the 2 passes (each batch costs
         the learner ~20 steps there, and the queue holds the actors back while it trains).
-        docs/benchmarks.md has the figures."""
+        On Atari, IMPALA's published learning rate and gradient clip (6e-4 and 40, the Atari
+        hyperparameters of Espeholt et al. 2018) and one pass: 2e-3 is a rate for the MLPs, and
+        a CNN's second pass costs the learner the time the actors wait for. docs/benchmarks.md
+        has the figures."""
         presets = cls.small_machine(env_id, {"publish_interval": 4})
         presets["impala"] = {"passes": 2}
+        if is_atari(env_id):
+            presets["learner"] |= {"learning_rate": 6e-4, "max_grad_norm": 40.0}
+            presets["impala"] = {"passes": 1}
         if env_id == "Acrobot-v1":
             presets["learner"]["max_grad_norm"] = 0.5
             presets["impala"] = {"passes": 20, "gae_lambda": 0.8, "normalize_advantages": True,
