@@ -342,6 +342,15 @@ def learn(
     }
 
 
+def scores(curve: dict, env: str) -> dict:
+    """The learning run's headline figures, named after its game (ALE/Breakout-v5: breakout)."""
+    game = env.split("/")[-1].split("-")[0].lower()
+    return {
+        f"atari_{game}_best_greedy_score": curve["best_score"],
+        f"atari_{game}_best_model_score": curve["best_model_score"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--capacity", type=int, default=200_000)
@@ -361,11 +370,7 @@ def main() -> None:
     if args.learn_only:
         curve = learn(args.learn_minutes, folder, args.seed, args.algorithm, args.env)
         print(json.dumps({"learning": curve}), flush=True)
-        scores = {
-            "atari_pong_best_greedy_score": curve["best_score"],
-            "atari_pong_best_model_score": curve["best_model_score"],
-        }
-        print(json.dumps(scores), flush=True)
+        print(json.dumps(scores(curve, args.env)), flush=True)
         return
     memory = [
         bytes_per_transition(g, args.capacity, folder) for g in ("ALE/Pong-v5", "ALE/MsPacman-v5")
@@ -407,8 +412,7 @@ def main() -> None:
     if args.learn_minutes:
         curve = learn(args.learn_minutes, folder, args.seed, args.algorithm, args.env)
         print(json.dumps({"learning": curve}), flush=True)
-        figures["atari_pong_best_greedy_score"] = curve["best_score"]
-        figures["atari_pong_best_model_score"] = curve["best_model_score"]
+        figures |= scores(curve, args.env)
     print(json.dumps(figures), flush=True)
 
 
