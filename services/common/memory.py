@@ -43,6 +43,11 @@ def release_free_memory() -> None:
     few objects may not run for hours (after a 29 s partition an actor kept 3 held batches
     mapped and 1.7 MB of heap that malloc_trim alone could not return)."""
     gc.collect()
+    trim_heaps()
+
+
+def trim_heaps() -> None:
+    """Returns the free pages of every malloc arena to the OS (malloc_trim(0))."""
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)

@@ -28,6 +28,7 @@ from apexrl.common.errors import (
     NotFound,
     ResourceExhausted,
 )
+from apexrl.common.memory import trim_heaps
 from apexrl.common.serving import Service
 from apexrl.config import ReplayConfig, ReplayTableConfig
 from apexrl.replay import checkpoint, keys
@@ -257,7 +258,15 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
 
             def write() -> tuple:  # in a worker thread: joining the chunks is a copy too
                 states = [snapshot.assemble() for snapshot in snapshots]
-                return checkpoint.write_checkpoint(self.checkpoint_dir, states)
+                snapshots.clear()  # the chunks, freed as soon as they are joined
+                try:
+                    return checkpoint.write_checkpoint(self.checkpoint_dir, states)
+                finally:
+                    # The copies (a table's size, twice) are freed into the heaps of two
+                    # threads' arenas, which keep them: without the trim a replay's RSS
+                    # wandered between 69 and 81 MB with checkpoints every 5 s.
+                    del states
+                    trim_heaps()
 
             try:
                 path, size = await asyncio.to_thread(write)

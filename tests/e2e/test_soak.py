@@ -45,7 +45,10 @@ def test_ten_minutes_of_faults_lose_nothing_acknowledged_and_leak_nothing(tmp_pa
     result = subprocess.run(command, capture_output=True, text=True, timeout=1100)
     assert result.stdout, result.stderr[-3000:]
     report = json.loads(result.stdout.splitlines()[-1])
+    # The failed checks first: a long report is cut short where it is shown.
+    problems = [p for check in report["checks"].values() for p in check["problems"]]
     summary = json.dumps({k: v for k, v in report.items() if k != "settings"}, indent=1)
+    summary = "\n".join(problems) + "\n" + summary
     assert result.returncode == 0 and report["passed"], summary + result.stderr[-3000:]
     # The faults scripted first, as far as the time allowed (the first four at least).
     done = [f"{i['fault']}:{i['target']}" for i in report["iterations"]]
