@@ -46,6 +46,14 @@ def test_the_actor_critics_learn_atari_at_impalas_published_rate(tmp_path, algor
         assert (pong["unreal"]["pc_lambda"], cartpole["unreal"]["pc_lambda"]) == (0.05, 0.0)
 
 
+def test_rainbow_learns_atari_at_c51s_published_rate_and_dqn_at_cleanrls(tmp_path):
+    def rate(algorithm, env):
+        return written(tmp_path, env, algorithm=algorithm)["learner"].get("learning_rate")
+
+    assert rate("rainbow", "ALE/Pong-v5") == 2.5e-4 and rate("dqn", "ALE/Pong-v5") == 1e-4
+    assert rate("rainbow", "CartPole-v1") == rate("dqn", "CartPole-v1")
+
+
 @pytest.mark.parametrize("algorithm, ends", [("dqn", True), ("rainbow", True), ("impala", False)])
 def test_dqns_atari_actors_end_the_returns_at_a_lost_life(tmp_path, algorithm, ends):
     """CleanRL's and Nature DQN's training protocol for Breakout, local mode's Atari preset of
