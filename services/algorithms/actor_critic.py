@@ -26,37 +26,45 @@ from apexrl.algorithms.numpy_policies import draw
 
 
 class ActorCriticNetwork(nn.Module):
-    """Policy logits and state value from two torsos of the same shape, built as
-    Stable-Baselines3's MlpPolicy (and CleanRL's PPO) build them: separate torsos (the value
-    loss does not pull on the policy's features), tanh MLPs, orthogonal weights with gain
-    sqrt(2) in the torsos, 0.01 on the logits (a near-uniform first policy) and 1 on the
-    value, zero biases. The conv torso of image observations keeps its ReLUs. Outputs leave a
+    """Policy logits and state value, built as Stable-Baselines3's policies (and CleanRL's PPO)
+    build them: for vector observations two tanh MLP torsos of the same shape (the value loss
+    does not pull on the policy's features, SB3's MlpPolicy); for images one Nature conv torso
+    (ReLU) under both heads (SB3's CnnPolicy, A2C's, IMPALA's and UNREAL's networks), whose
+    features the value loss trains too: with a conv torso of its own, shaped by the policy
+    gradient alone, impala's Pong policy was still near uniform after 1.8M frames (entropy
+    1.786 of ln 6 = 1.792). Orthogonal weights with gain sqrt(2) in the torsos, 0.01 on the
+    logits (a near-uniform first policy) and 1 on the value, zero biases. Outputs leave a
     bfloat16 autocast (`precision`) as float32: V-trace, GAE and the log-softmax run in float32."""
 
     def __init__(self, obs_shape, obs_dtype, num_actions: int, hidden):
         super().__init__()
         self.policy_torso = build_torso(obs_shape, obs_dtype, hidden, nn.Tanh)
-        self.value_torso = build_torso(obs_shape, obs_dtype, hidden, nn.Tanh)
+        shared = len(obs_shape) == 3
+        self.value_torso = None if shared else build_torso(obs_shape, obs_dtype, hidden, nn.Tanh)
         self.logits = nn.Linear(self.policy_torso.out_dim, num_actions)
-        self.value = nn.Linear(self.value_torso.out_dim, 1)
+        self.value = nn.Linear(self.policy_torso.out_dim, 1)
         self.num_actions = num_actions
         for module, gain in [(self.policy_torso, 2**0.5), (self.value_torso, 2**0.5),
                              (self.logits, 0.01), (self.value, 1.0)]:  # fmt: skip
-            for layer in module.modules():
+            for layer in module.modules() if module is not None else ():
                 if isinstance(layer, nn.Linear | nn.Conv2d):
                     nn.init.orthogonal_(layer.weight, gain)
                     nn.init.zeros_(layer.bias)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.value_torso is None:  # one pass through the shared torso
+            features = self.policy_torso(obs)
+            return self.logits(features).float(), self.value(features).squeeze(-1).float()
         return self.policy(obs), self.values(obs)
 
     def policy(self, obs: torch.Tensor) -> torch.Tensor:
-        """The logits alone (acting needs no value: half the forward pass)."""
+        """The logits alone (acting needs no value: half the forward pass of the MLPs)."""
         return self.logits(self.policy_torso(obs)).float()
 
     def values(self, obs: torch.Tensor) -> torch.Tensor:
         """V(obs) [B] alone."""
-        return self.value(self.value_torso(obs)).squeeze(-1).float()
+        torso = self.policy_torso if self.value_torso is None else self.value_torso
+        return self.value(torso(obs)).squeeze(-1).float()
 
 
 class ActorCriticPolicy(Policy):

@@ -67,6 +67,26 @@ def test_policy_samples_follow_its_probabilities_and_report_their_log_probs():
     assert (greedy == expected.argmax()).all()
 
 
+@pytest.mark.parametrize("obs_shape, obs_dtype, shared", [((4, 84, 84), np.uint8, True),
+                                                          ((3,), np.float32, False)])  # fmt: skip
+def test_the_value_loss_trains_the_policys_features_on_images_only(obs_shape, obs_dtype, shared):
+    """One conv torso under both heads (SB3's CnnPolicy, IMPALA's network); two MLPs."""
+    torch.manual_seed(0)
+    net = ActorCriticNetwork(obs_shape, obs_dtype, 6, (8,))
+    obs = torch.from_numpy(
+        np.random.default_rng(0).integers(0, 255, (5, *obs_shape)).astype(obs_dtype)
+    )
+    logits, values = net(obs)
+    torch.testing.assert_close((logits, values), (net.policy(obs), net.values(obs)))
+    values.square().sum().backward()
+    reached = [
+        p.grad is not None and bool(p.grad.abs().sum() > 0) for p in net.policy_torso.parameters()
+    ]
+    assert all(reached) if shared else not any(reached)
+    names = {name.split(".")[0] for name in net.state_dict()}
+    assert names == ({"policy_torso", "logits", "value"} | (set() if shared else {"value_torso"}))
+
+
 @pytest.mark.parametrize("name", ["impala", "ppo"])
 def test_on_policy_algorithms_learn_from_a_batch_of_unrolls(name):
     settings = algorithms.get(name).Settings(unroll_length=5)

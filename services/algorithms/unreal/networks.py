@@ -1,5 +1,6 @@
 """UNREAL's network: impala's actor-critic with the auxiliary heads on the policy torso's
-features (the features the agent acts from are the ones the auxiliary tasks shape).
+features (the features the agent acts from are the ones the auxiliary tasks shape; on images
+the one conv torso under the policy and the value, as in the paper).
 
 - pixel control (Jaderberg et al. 2016, appendix; as DeepMind's and miyosuda's UNREAL): a
   linear layer to 32x9x9, ReLU, then two transposed convolutions (4x4, stride 2) to 20x20, a
