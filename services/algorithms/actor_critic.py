@@ -15,6 +15,7 @@ from torch import nn
 
 from apexrl.algorithms.base import Learning, Policy, prefixed
 from apexrl.algorithms.networks import (
+    NatureConvTorso,
     adam,
     build_torso,
     load_numpy_state,
@@ -39,8 +40,11 @@ class ActorCriticNetwork(nn.Module):
     def __init__(self, obs_shape, obs_dtype, num_actions: int, hidden):
         super().__init__()
         self.policy_torso = build_torso(obs_shape, obs_dtype, hidden, nn.Tanh)
-        shared = len(obs_shape) == 3
-        self.value_torso = None if shared else build_torso(obs_shape, obs_dtype, hidden, nn.Tanh)
+        self.value_torso = (
+            None  # the value head reads the policy's CNN
+            if isinstance(self.policy_torso, NatureConvTorso)
+            else build_torso(obs_shape, obs_dtype, hidden, nn.Tanh)
+        )
         self.logits = nn.Linear(self.policy_torso.out_dim, num_actions)
         self.value = nn.Linear(self.policy_torso.out_dim, 1)
         self.num_actions = num_actions
@@ -52,10 +56,9 @@ class ActorCriticNetwork(nn.Module):
                     nn.init.zeros_(layer.bias)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.value_torso is None:  # one pass through the shared torso
-            features = self.policy_torso(obs)
-            return self.logits(features).float(), self.value(features).squeeze(-1).float()
-        return self.policy(obs), self.values(obs)
+        features = self.policy_torso(obs)
+        value_features = features if self.value_torso is None else self.value_torso(obs)
+        return self.logits(features).float(), self.value(value_features).squeeze(-1).float()
 
     def policy(self, obs: torch.Tensor) -> torch.Tensor:
         """The logits alone (acting needs no value: half the forward pass of the MLPs)."""
