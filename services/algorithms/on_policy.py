@@ -15,12 +15,24 @@ TABLE = "default"
 HIDDEN = "64,64"  # the MLP torsos' sizes unless the `hidden` setting says otherwise
 
 
+OPTIMIZERS = ("adam", "rmsprop")
+
+
 @dataclass
 class OnPolicySettings:
     unroll_length: int = option(32, "env steps in each unroll an actor writes")
     capacity: int = option(64, "unrolls the queue holds; actors wait while it is full")
     entropy_cost: float = option(0.01, "weight of the entropy bonus")
     value_cost: float = option(0.5, "weight of the value (baseline) loss")
+    optimizer: str = option(
+        "adam",
+        "adam (SB3's and CleanRL's PPO) or rmsprop (decay 0.99, no momentum: A2C's and IMPALA's)",
+    )
+    optimizer_eps: float = option(
+        1e-5,
+        "the optimizer's epsilon, added to the root of its second moment (IMPALA's Atari RMSProp"
+        " adds 0.01 under the root: about 0.1 here)",
+    )
 
 
 # The evaluator plays every version in order, at most 30 behind the newest, from the versions
@@ -62,6 +74,12 @@ class OnPolicyBuilder(Builder):
 
     def check(self) -> None:
         self.columns()  # refuses continuous action spaces and a bad unroll_length
+        if self.settings.optimizer not in OPTIMIZERS:
+            raise ValueError(
+                f"optimizer: must be one of {', '.join(OPTIMIZERS)}, got {self.settings.optimizer!r}"
+            )
+        if not self.settings.optimizer_eps > 0:
+            raise ValueError(f"optimizer_eps: must be > 0, got {self.settings.optimizer_eps}")
 
     def columns(self) -> list[Column]:
         return unroll_columns(self.spec, self.settings.unroll_length, self.name)

@@ -207,6 +207,38 @@ def test_impala_refuses_passes_below_one():
         algorithms.make(config)
 
 
+@pytest.mark.parametrize("optimizer", ["adam", "rmsprop"])
+def test_the_first_step_is_the_named_optimizers(optimizer):
+    """From a fresh state, Adam moves each weight by lr * g / (|g| + eps), RMSProp (decay 0.99)
+    by lr * g / (sqrt(0.01 g^2) + eps): g the clipped gradient the step leaves behind."""
+    from apexrl.config import LearnerConfig
+
+    settings = Settings(optimizer=optimizer, optimizer_eps=0.1)
+    config = LearnerConfig(algorithm="impala", env="CartPole-v1", batch_size=4, algo=settings)
+    learning, batch = unroll_learning(config, 4)
+    before = [p.detach().clone() for p in learning.net.parameters()]
+    learning.update(batch, torch.ones(4), 1)
+    lr = config.learning_rate
+    for old, p in zip(before, learning.net.parameters(), strict=True):
+        g = p.grad
+        scale = g.abs() if optimizer == "adam" else (0.01 * g**2).sqrt()
+        close(p.detach(), old - lr * g / (scale + 0.1))
+
+
+@pytest.mark.parametrize(
+    "settings, error",
+    [({"optimizer": "sgd"}, "^optimizer: must be one of adam, rmsprop, got 'sgd'"),
+     ({"optimizer_eps": 0.0}, "^optimizer_eps: must be > 0, got 0.0")],
+)  # fmt: skip
+def test_impala_refuses_an_unknown_optimizer_and_a_bad_eps(settings, error):
+    from apexrl import algorithms
+    from apexrl.config import LearnerConfig
+
+    config = LearnerConfig(algorithm="impala", env="CartPole-v1", algo=Settings(**settings))
+    with pytest.raises(ValueError, match=error):
+        algorithms.make(config)
+
+
 def test_clipped_impala_loss_has_the_plain_gradient_at_the_start_and_none_past_the_clip():
     """clip_range with start_log_probs: at ratio 1 the gradient is the plain policy term's; a
     ratio past 1 + eps with a positive advantage gives that step no policy gradient, one inside
