@@ -321,11 +321,18 @@ def run_local_pong(
 
 
 def learn(
-    minutes: float, folder: Path, seed: int, algorithm: str = "dqn", env: str = "ALE/Pong-v5"
+    minutes: float,
+    folder: Path,
+    seed: int,
+    algorithm: str = "dqn",
+    env: str = "ALE/Pong-v5",
+    config: str = "",
 ) -> dict:
-    """apexrl local on a game for a wall budget: its metrics.csv is the learning curve."""
+    """apexrl local on a game for a wall budget (settings from a TOML file over the presets when
+    `config` names one): its metrics.csv is the learning curve."""
     run_dir = folder / f"{algorithm}-{env.split('/')[-1]}-seed{seed}"
-    rows = run_local_pong(minutes * 60, run_dir, "--algorithm", algorithm, seed=seed, env=env)
+    flags = ["--algorithm", algorithm, *(["--config", config] if config else [])]
+    rows = run_local_pong(minutes * 60, run_dir, *flags, seed=seed, env=env)
     evaluated = [r for r in rows if r["eval_mean_return"] not in ("", "nan")]
     best = [float(r["eval_best_mean_return"]) for r in evaluated
             if r["eval_best_mean_return"] not in ("", "nan")]  # fmt: skip
@@ -363,12 +370,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1, help="the learning run's seed")
     parser.add_argument("--algorithm", default="dqn", help="the learning run's algorithm")
     parser.add_argument("--env", default="ALE/Pong-v5", help="the learning run's game")
+    parser.add_argument("--config", default="", help="the learning run's TOML settings file")
     args = parser.parse_args()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     folder = Path(tempfile.mkdtemp(prefix="apexrl-atari-"))
     figures: dict = {}
     if args.learn_only:
-        curve = learn(args.learn_minutes, folder, args.seed, args.algorithm, args.env)
+        curve = learn(args.learn_minutes, folder, args.seed, args.algorithm, args.env, args.config)
         print(json.dumps({"learning": curve}), flush=True)
         print(json.dumps(scores(curve, args.env)), flush=True)
         return
@@ -410,7 +418,7 @@ def main() -> None:
         "atari_checkpoint_max_extra_wait_ms": stall["max_extra_wait_ms"],
     }  # fmt: skip
     if args.learn_minutes:
-        curve = learn(args.learn_minutes, folder, args.seed, args.algorithm, args.env)
+        curve = learn(args.learn_minutes, folder, args.seed, args.algorithm, args.env, args.config)
         print(json.dumps({"learning": curve}), flush=True)
         figures |= scores(curve, args.env)
     print(json.dumps(figures), flush=True)
