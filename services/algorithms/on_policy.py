@@ -30,8 +30,8 @@ class OnPolicySettings:
     )
     optimizer_eps: float = option(
         1e-5,
-        "the optimizer's epsilon, added to the root of its second moment (IMPALA's Atari RMSProp"
-        " adds 0.01 under the root: about 0.1 here)",
+        "the optimizer's epsilon, added to the root of its second moment (it counts against the"
+        " gradient's scale, and these losses are means over the batch, not sums)",
     )
 
 
