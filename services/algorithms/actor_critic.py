@@ -121,14 +121,10 @@ class UnrollLearning(Learning):
         """Made on first use (see networks.adam): Adam, or RMSProp with decay 0.99 and no momentum
         (A2C's and IMPALA's), at the settings' epsilon (1e-5: Stable-Baselines3's and CleanRL's
         PPO and A2C; torch's default is 1e-8)."""
-        params, lr, eps = (
-            self.net.parameters(),
-            self.config.learning_rate,
-            self.settings.optimizer_eps,
-        )
+        lr, eps = self.config.learning_rate, self.settings.optimizer_eps
         if self.settings.optimizer == "rmsprop":
-            return torch.optim.RMSprop(params, lr, alpha=0.99, eps=eps, foreach=True)
-        return adam(params, lr, eps=eps)
+            return torch.optim.RMSprop(self.net.parameters(), lr, alpha=0.99, eps=eps, foreach=True)
+        return adam(self.net.parameters(), lr, eps=eps)
 
     def forward(self, batch: dict[str, torch.Tensor]):
         """logits [T, B, A], values [T, B] and the bootstrap values [B] of a batch of unrolls."""
