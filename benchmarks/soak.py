@@ -40,6 +40,9 @@ What the checker reads, none of it the services' own counters or log lines:
 - resources: VmRSS, threads and open fds of each service process from /proc every 5 s; the
   least-squares slope after `--warmup-seconds` of each process's life, over windows at least
   `--resource-min-window` s long, must be under 1 MB (RSS) and 1 (threads, fds) per 10 min.
+  The slope is fitted to the floor, each sample taken as the lowest within 15 s of it: a leak
+  raises the floor, while a sample that meets a transient (a replay's checkpoint copy, the
+  table's size for well under a second) would read as growth near the window's end.
   The samples are those at rest: none from a fault's start until it has recovered and every
   actor's insert backlog has landed (an actor holds up to 100K transitions while replay is
   away; a learner's streams to a replay that is away end, and their threads with them), and
@@ -76,6 +79,7 @@ from apexrl.replay.signature import parse_signature
 
 PARTITION_TABLE = "apexrl_soak"
 MB = 1 << 20
+FLOOR_S = 15.0  # s: the resource slopes fit each sample's lowest neighbour within it
 LANDED = 1000  # transitions an actor may buffer at rest: its batches in flight (2 of 64)
 
 
@@ -568,10 +572,18 @@ def slope_per_10_min(points: list[tuple[float, float]]) -> float:
     return float(np.polyfit(t - t[0], y, 1)[0] * 600)
 
 
+def floor(samples: list[dict], key: str, scale: float) -> list[tuple[float, float]]:
+    """Each sample of `key` as the lowest within FLOOR_S of it: what a process holds between
+    its transient peaks (a replay's checkpoint copy lives well under a second)."""
+    t = np.array([s["t"] for s in samples])
+    y = np.array([s[key] / scale for s in samples], dtype=np.float64)
+    return [(ti, y[np.abs(t - ti) <= FLOOR_S].min()) for ti in t]
+
+
 def check_resources(history: History, warmup: float, min_window: float, since: float = 0.0) -> dict:
     """Least-squares slopes per 10 minutes of each process's RSS (MB), threads and fds at
     rest (see the module's doc), after its first `warmup` s and after `since` (unix time),
-    where at least `min_window` s of samples remain."""
+    where at least `min_window` s of samples remain, fitted to their floor (`floor`)."""
     by_process: dict[tuple, list[dict]] = {}
     for r in history.get("resources"):
         by_process.setdefault((r["name"], r["pid"]), []).append(r)
@@ -590,7 +602,7 @@ def check_resources(history: History, warmup: float, min_window: float, since: f
             if limit is None and not all(key in s for s in kept):
                 continue
             scale = MB if key.startswith("rss") else 1
-            figures[key] = round(slope_per_10_min([(s["t"], s[key] / scale) for s in kept]), 3)
+            figures[key] = round(slope_per_10_min(floor(kept, key, scale)), 3)
             if limit is not None and figures[key] >= limit:
                 problems.append(f"{name} (pid {pid}): {key} slope {figures[key]} per 10 min")
         figures["minutes"] = round((kept[-1]["t"] - kept[0]["t"]) / 60, 1)
