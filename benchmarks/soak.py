@@ -572,7 +572,7 @@ def slope_per_10_min(points: list[tuple[float, float]]) -> float:
     return float(np.polyfit(t - t[0], y, 1)[0] * 600)
 
 
-def floor(samples: list[dict], key: str, scale: float) -> list[tuple[float, float]]:
+def floor_points(samples: list[dict], key: str, scale: float) -> list[tuple[float, float]]:
     """Each sample of `key` as the lowest within FLOOR_S of it: what a process holds between
     its transient peaks (a replay's checkpoint copy lives well under a second)."""
     t = np.array([s["t"] for s in samples])
@@ -583,7 +583,7 @@ def floor(samples: list[dict], key: str, scale: float) -> list[tuple[float, floa
 def check_resources(history: History, warmup: float, min_window: float, since: float = 0.0) -> dict:
     """Least-squares slopes per 10 minutes of each process's RSS (MB), threads and fds at
     rest (see the module's doc), after its first `warmup` s and after `since` (unix time),
-    where at least `min_window` s of samples remain, fitted to their floor (`floor`)."""
+    where at least `min_window` s of samples remain, fitted to their floor (`floor_points`)."""
     by_process: dict[tuple, list[dict]] = {}
     for r in history.get("resources"):
         by_process.setdefault((r["name"], r["pid"]), []).append(r)
@@ -602,7 +602,7 @@ def check_resources(history: History, warmup: float, min_window: float, since: f
             if limit is None and not all(key in s for s in kept):
                 continue
             scale = MB if key.startswith("rss") else 1
-            figures[key] = round(slope_per_10_min(floor(kept, key, scale)), 3)
+            figures[key] = round(slope_per_10_min(floor_points(kept, key, scale)), 3)
             if limit is not None and figures[key] >= limit:
                 problems.append(f"{name} (pid {pid}): {key} slope {figures[key]} per 10 min")
         figures["minutes"] = round((kept[-1]["t"] - kept[0]["t"]) / 60, 1)
