@@ -573,11 +573,13 @@ def slope_per_10_min(points: list[tuple[float, float]]) -> float:
 
 
 def floor_points(samples: list[dict], key: str, scale: float) -> list[tuple[float, float]]:
-    """Each sample of `key` as the lowest within FLOOR_S of it: what a process holds between
-    its transient peaks (a replay's checkpoint copy lives well under a second)."""
+    """Each sample of `key` as the lowest within FLOOR_S of it, where the samples reach that far
+    on both sides: what a process holds between its transient peaks (a replay's checkpoint copy
+    lives well under a second)."""
     t = np.array([s["t"] for s in samples])
     y = np.array([s[key] / scale for s in samples], dtype=np.float64)
-    return [(ti, y[np.abs(t - ti) <= FLOOR_S].min()) for ti in t]
+    inner = t[(t >= t[0] + FLOOR_S) & (t <= t[-1] - FLOOR_S)]
+    return [(ti, y[np.abs(t - ti) <= FLOOR_S].min()) for ti in inner]
 
 
 def check_resources(history: History, warmup: float, min_window: float, since: float = 0.0) -> dict:
