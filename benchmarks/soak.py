@@ -37,7 +37,8 @@ What the checker reads, none of it the services' own counters or log lines:
 - solved: the served parameters played greedily by this process (10 episodes, fresh seeds,
   the algorithm's evaluation policy): after every learner restart, the new lineage's reach
   the env's threshold.
-- resources: VmRSS, threads and open fds of each service process from /proc every 5 s; the
+- resources: VmRSS, threads and open fds of each service process from /proc every 5 s on
+  average (at random times: a fixed period can lock onto a process's own periodic work); the
   least-squares slope after `--warmup-seconds` of each process's life, over windows at least
   `--resource-min-window` s long, must be under 1 MB (RSS) and 1 (threads, fds) per 10 min.
   The slope is fitted to the floor, each sample taken as the lowest within 15 s of it: a leak
@@ -273,10 +274,9 @@ def witness(run: SoakRun, history: History, stop: threading.Event, interval: flo
 
 
 def watch(run: SoakRun, history: History, stop: threading.Event) -> None:
-    """Served parameters every second, best models as they appear, /proc every 5 s."""
+    """Served parameters every second, best models as they appear."""
     learner = next(c for c in run.children if c.name == "learner")
     seen_best: set[str] = set()
-    last_resources = 0.0
     with LearnerClient(f"127.0.0.1:{learner.ports['port']}", timeout=3) as client:
         while not stop.wait(1.0):
             try:
@@ -294,15 +294,21 @@ def watch(run: SoakRun, history: History, stop: threading.Event) -> None:
                     seen_best.add(path.name)
                     history.add("best", file=path.name, mean_return=meta["mean_return"],
                                 version=meta["version"])  # fmt: skip
-            if time.time() - last_resources >= 5:
-                last_resources = time.time()
-                for child in run.children:
-                    sample = proc_sample(child.process.pid)
-                    if sample and child.name.startswith("replay"):
-                        sample["full"] = table_full(child)
-                    if sample:
-                        history.add("resources", name=child.name, pid=child.process.pid,
-                                    t=last_resources, **sample)  # fmt: skip
+
+
+def sample_resources(run: SoakRun, history: History, stop: threading.Event, seed: int) -> None:
+    """Every process's /proc figures every 5 s on average, at random times 2.5-7.5 s apart: a
+    fixed period locks onto a process's own periodic work (a replay's checkpoint every 5 s)
+    and can read its transient sample after sample for minutes."""
+    rng = random.Random(seed)
+    while not stop.wait(rng.uniform(2.5, 7.5)):
+        t = time.time()
+        for child in run.children:
+            sample = proc_sample(child.process.pid)
+            if sample and child.name.startswith("replay"):
+                sample["full"] = table_full(child)
+            if sample:
+                history.add("resources", name=child.name, pid=child.process.pid, t=t, **sample)
 
 
 def table_full(child: local.Child) -> bool:
@@ -709,6 +715,7 @@ def main(argv: list[str]) -> int:
             target=witness, args=(run, history, observers_stop, args.witness_interval)
         ),
         threading.Thread(target=watch, args=(run, history, observers_stop)),
+        threading.Thread(target=sample_resources, args=(run, history, observers_stop, args.seed)),
     ]
     try:
         supervisor.thread.start()

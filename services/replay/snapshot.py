@@ -66,9 +66,12 @@ class Snapshot:
         return self.assemble()
 
     def assemble(self) -> TableState:
-        """The TableState from the copied chunks: touches no table, so any thread may call it
-        once `done`."""
+        """The TableState from the copied chunks, which it lets go (once): touches no table, so
+        any thread may call it once `done`. A caller that still held the chunks (a loop
+        variable in the server's checkpoint) kept a table's size of them past the heap trim
+        that follows the write, for about a second of every checkpoint interval."""
         table, chunks = self.table, self.chunks
+        self.chunks = []  # still `done`
         columns = {}
         for name, column in table.columns.items():
             if isinstance(column, FrameStore):
