@@ -258,7 +258,7 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
 
             def write() -> tuple:  # in a worker thread: joining the chunks is a copy too
                 states = [snapshot.assemble() for snapshot in snapshots]
-                snapshots.clear()  # assemble let go of the chunks; their saved priorities too
+                snapshots.clear()  # assemble let go of the chunks themselves
                 try:
                     return checkpoint.write_checkpoint(self.checkpoint_dir, states)
                 finally:

@@ -66,10 +66,10 @@ class Snapshot:
         return self.assemble()
 
     def assemble(self) -> TableState:
-        """The TableState from the copied chunks, which it lets go (once): touches no table, so
-        any thread may call it once `done`. A caller that still held the chunks (a loop
-        variable in the server's checkpoint) kept a table's size of them past the heap trim
-        that follows the write, for about a second of every checkpoint interval."""
+        """The TableState from the copied chunks: touches no table, so any thread may call it
+        (once) when `done`. It lets go of the chunks (a table's size of copies) itself, since a
+        caller may hold the snapshot past the heap trim that follows the write (the server's
+        copy loop does)."""
         table, chunks = self.table, self.chunks
         self.chunks = []  # still `done`
         columns = {}
