@@ -35,6 +35,7 @@ from apexrl.replay import checkpoint, keys
 from apexrl.replay.metrics import ReplayMetrics
 from apexrl.replay.rate_limiters import QueueLimiter, RateLimiter
 from apexrl.replay.signature import parse_signature
+from apexrl.replay.snapshot import Snapshot
 from apexrl.replay.table import Table
 from apexrl.v1 import replay_pb2, replay_pb2_grpc
 
@@ -248,17 +249,13 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
         async with self._checkpoint_lock:
             started = time.perf_counter()
             snapshots = [t.begin_snapshot() for t in self.tables.values()]
-            paused = 0.0  # the longest the loop spent copying at one go
-            for snapshot in snapshots:
-                while not snapshot.done:
-                    step = time.perf_counter()
-                    snapshot.copy_next()
-                    paused = max(paused, time.perf_counter() - step)
-                    await asyncio.sleep(0)
+            # The longest the loop spent copying at one go. A comprehension: a loop variable
+            # would hold the last table's copies past the heap trim after the write.
+            paused = max([await copy_yielding(s) for s in snapshots], default=0.0)
 
             def write() -> tuple:  # in a worker thread: joining the chunks is a copy too
                 states = [snapshot.assemble() for snapshot in snapshots]
-                snapshots.clear()  # assemble let go of the chunks themselves
+                snapshots.clear()  # the chunks, freed as soon as they are joined
                 try:
                     return checkpoint.write_checkpoint(self.checkpoint_dir, states)
                 finally:
@@ -286,6 +283,17 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
                 paused,
             )
             return replay_pb2.CheckpointResponse(path=str(path), size_bytes=size, seconds=seconds)
+
+
+async def copy_yielding(snapshot: Snapshot) -> float:
+    """Copies a snapshot's chunks, serving other calls between them; the longest one took (s)."""
+    longest = 0.0
+    while not snapshot.done:
+        step = time.perf_counter()
+        snapshot.copy_next()
+        longest = max(longest, time.perf_counter() - step)
+        await asyncio.sleep(0)
+    return longest
 
 
 def table_info(table: Table, include_digest: bool = False) -> replay_pb2.TableInfo:

@@ -67,11 +67,8 @@ class Snapshot:
 
     def assemble(self) -> TableState:
         """The TableState from the copied chunks: touches no table, so any thread may call it
-        (once) when `done`. It lets go of the chunks (a table's size of copies) itself, since a
-        caller may hold the snapshot past the heap trim that follows the write (the server's
-        copy loop does)."""
+        once `done`."""
         table, chunks = self.table, self.chunks
-        self.chunks = []  # still `done`
         columns = {}
         for name, column in table.columns.items():
             if isinstance(column, FrameStore):

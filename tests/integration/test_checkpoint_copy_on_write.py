@@ -2,6 +2,7 @@
 gRPC holds the table exactly as it was when the checkpoint began (the copy is taken a chunk
 at a time with calls served in between: replay/snapshot.py)."""
 
+import gc
 import threading
 
 import numpy as np
@@ -74,3 +75,23 @@ def test_a_checkpoint_holds_the_table_as_of_its_start_while_calls_change_it(tmp_
     landed, at_its_start, _ = checked[-1]
     assert landed["inserts"] > 0 and landed["updates"] > 0, checked  # calls landed mid-copy
     assert live != at_its_start
+
+
+def test_no_copy_of_a_table_outlives_its_checkpoint_write(tmp_path, monkeypatch):
+    """When the heap is trimmed after the write, nothing holds a snapshot (its chunks are a
+    table's size of copies): what is still referenced then stays in the replay's RSS."""
+    from apexrl.replay import server
+
+    live_at_trim = []
+
+    def counting_trim() -> None:
+        gc.collect()
+        live_at_trim.append(sum(isinstance(o, snapshot.Snapshot) for o in gc.get_objects()))
+
+    monkeypatch.setattr(server, "trim_heaps", counting_trim)
+    with in_process_replay(tmp_path, capacity=20_000, checkpoint_dir=str(tmp_path / "c")) as replay:
+        with replay.client() as client:
+            client.insert(transitions(15_000), np.ones(15_000))
+            client.checkpoint()
+            client.checkpoint()
+    assert live_at_trim == [0, 0, 0]  # the two asked for and the one at stop

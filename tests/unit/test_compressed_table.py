@@ -2,7 +2,6 @@
 cheaply on insert, checkpointed and restored exactly."""
 
 import sys
-import weakref
 
 import numpy as np
 import pytest
@@ -174,17 +173,3 @@ def test_a_snapshot_taken_chunk_by_chunk_is_the_table_as_it_began():
     assert t.digest() != before
     assert Table.from_state(state).digest() == before
     assert t._snapshot is None  # done: the table's writes no longer copy anything
-
-
-def test_an_assembled_snapshot_holds_none_of_its_chunks():
-    """The chunks are a table's size of copies: once joined into the state they are freed, even
-    while the snapshot object lives on (the server's checkpoint trims the heap right after)."""
-    t = Table("t", 2 * CHUNK, signature=parse_signature("x:float32:4,action:int64:"))
-    t.insert({"x": np.ones((CHUNK + 5, 4), np.float32), "action": np.arange(CHUNK + 5)})
-    snapshot = t.begin_snapshot()
-    while not snapshot.done:
-        snapshot.copy_next()
-    copies = [weakref.ref(a) for chunk in snapshot.chunks for a in chunk.values()]
-    state = snapshot.assemble()
-    assert len(copies) == 2 * 4 and all(ref() is None for ref in copies)
-    assert Table.from_state(state).digest() == t.digest()
