@@ -37,13 +37,16 @@ What the checker reads, none of it the services' own counters or log lines:
 - solved: the served parameters played greedily by this process (10 episodes, fresh seeds,
   the algorithm's evaluation policy): after every learner restart, the new lineage's reach
   the env's threshold.
-- resources: VmRSS, threads and open fds of each service process from /proc every 5 s on
+- resources: VmRSS, threads and open fds of each service process from /proc every second on
   average (at random times: a fixed period can lock onto a process's own periodic work); the
   least-squares slope after `--warmup-seconds` of each process's life, over windows at least
   `--resource-min-window` s long, must be under 1 MB (RSS) and 1 (threads, fds) per 10 min.
-  The slope is fitted to the floor, each sample taken as the lowest within 15 s of it: a leak
-  raises the floor, while a sample that meets a transient (a replay's checkpoint copy, the
-  table's size for well under a second) would read as growth near the window's end.
+  The slope is fitted to the level, each sample taken as the median of those within 15 s of
+  it: a leak raises the level, while a sample that meets a transient (a replay's checkpoint
+  copy, the table's size for well under a second; a learner's batches and messages, a few MB
+  that come and go) would read as growth near the window's end. The median, not the lowest:
+  the lowest of a few dozen samples of a process's churning heap is one extreme draw, and
+  wanders as much as the slope's limit over a few minutes.
   The samples are those at rest: none from a fault's start until it has recovered and every
   actor's insert backlog has landed (an actor holds up to 100K transitions while replay is
   away; a learner's streams to a replay that is away end, and their threads with them), and
@@ -80,7 +83,7 @@ from apexrl.replay.signature import parse_signature
 
 PARTITION_TABLE = "apexrl_soak"
 MB = 1 << 20
-FLOOR_S = 15.0  # s: the resource slopes fit each sample's lowest neighbour within it
+LEVEL_S = 15.0  # s: the resource slopes fit the median of each sample's neighbours within it
 LANDED = 1000  # transitions an actor may buffer at rest: its batches in flight (2 of 64)
 
 
@@ -297,11 +300,11 @@ def watch(run: SoakRun, history: History, stop: threading.Event) -> None:
 
 
 def sample_resources(run: SoakRun, history: History, stop: threading.Event, seed: int) -> None:
-    """Every process's /proc figures every 5 s on average, at random times 2.5-7.5 s apart: a
-    fixed period locks onto a process's own periodic work (a replay's checkpoint every 5 s)
+    """Every process's /proc figures every second on average, at random times 0.5-1.5 s apart:
+    a fixed period locks onto a process's own periodic work (a replay's checkpoint every 5 s)
     and can read its transient sample after sample for minutes."""
     rng = random.Random(seed)
-    while not stop.wait(rng.uniform(2.5, 7.5)):
+    while not stop.wait(rng.uniform(0.5, 1.5)):
         t = time.time()
         for child in run.children:
             sample = proc_sample(child.process.pid)
@@ -578,20 +581,20 @@ def slope_per_10_min(points: list[tuple[float, float]]) -> float:
     return float(np.polyfit(t - t[0], y, 1)[0] * 600)
 
 
-def floor_points(samples: list[dict], key: str, scale: float) -> list[tuple[float, float]]:
-    """Each sample of `key` as the lowest within FLOOR_S of it, where the samples reach that far
-    on both sides: what a process holds between its transient peaks (a replay's checkpoint copy
-    lives well under a second)."""
+def level_points(samples: list[dict], key: str, scale: float) -> list[tuple[float, float]]:
+    """Each sample of `key` as the median of those within LEVEL_S of it, where the samples reach
+    that far on both sides: what a process holds through its transient peaks (a replay's
+    checkpoint copy lives well under a second) and its heap's churn."""
     t = np.array([s["t"] for s in samples])
     y = np.array([s[key] / scale for s in samples], dtype=np.float64)
-    inner = t[(t >= t[0] + FLOOR_S) & (t <= t[-1] - FLOOR_S)]
-    return [(ti, y[np.abs(t - ti) <= FLOOR_S].min()) for ti in inner]
+    inner = t[(t >= t[0] + LEVEL_S) & (t <= t[-1] - LEVEL_S)]
+    return [(ti, float(np.median(y[np.abs(t - ti) <= LEVEL_S]))) for ti in inner]
 
 
 def check_resources(history: History, warmup: float, min_window: float, since: float = 0.0) -> dict:
     """Least-squares slopes per 10 minutes of each process's RSS (MB), threads and fds at
     rest (see the module's doc), after its first `warmup` s and after `since` (unix time),
-    where at least `min_window` s of samples remain, fitted to their floor (`floor_points`)."""
+    where at least `min_window` s of samples remain, fitted to their level (`level_points`)."""
     by_process: dict[tuple, list[dict]] = {}
     for r in history.get("resources"):
         by_process.setdefault((r["name"], r["pid"]), []).append(r)
@@ -610,7 +613,7 @@ def check_resources(history: History, warmup: float, min_window: float, since: f
             if limit is None and not all(key in s for s in kept):
                 continue
             scale = MB if key.startswith("rss") else 1
-            figures[key] = round(slope_per_10_min(floor_points(kept, key, scale)), 3)
+            figures[key] = round(slope_per_10_min(level_points(kept, key, scale)), 3)
             if limit is not None and figures[key] >= limit:
                 problems.append(f"{name} (pid {pid}): {key} slope {figures[key]} per 10 min")
         figures["minutes"] = round((kept[-1]["t"] - kept[0]["t"]) / 60, 1)

@@ -1,10 +1,12 @@
-"""The 10-minute soak: local mode on CartPole while, for its first 5 minutes, a nemesis kills
+"""The 15-minute soak: local mode on CartPole while, for its first 5 minutes, a nemesis kills
 the learner, the replay, an actor and the evaluator, pauses the learner and the replay and (as
-root) cuts the replay and the learner off, 20-40 s apart; its last 5 minutes have no faults.
+root) cuts the replay and the learner off, 20-40 s apart; its last 10 minutes have no faults.
 benchmarks/soak.py's checker must find nothing acknowledged lost, no version going back, no
 best model getting worse, CartPole solved again after the learner's restart, and every service's
 RSS, threads and fds flat over the quiet minutes (a bounded step as a fault ends, an outage's
 backlog landing, is not growth; the 60-minute run in docs/benchmarks.md judges whole lives).
+Ten quiet minutes, not five: a learner's heap churns by a few MB, and over five minutes its
+level alone wandered by as much as the limit's slope (docs/benchmarks.md).
 """
 
 import json
@@ -25,8 +27,8 @@ def partition_possible() -> bool:
     return os.geteuid() == 0 and all(shutil.which(tool) for tool in ("ip", "nft"))
 
 
-@pytest.mark.timeout(1200)
-def test_ten_minutes_of_faults_lose_nothing_acknowledged_and_leak_nothing(tmp_path):
+@pytest.mark.timeout(1500)
+def test_fifteen_minutes_with_faults_lose_nothing_acknowledged_and_leak_nothing(tmp_path):
     # The learner first, so that its new life is as old as can be when the quiet part starts
     # (a learner's first minutes read highest: docs/benchmarks.md).
     script = ["kill:learner", "kill:replay", "pause:learner", "kill:actor-0", "pause:replay",
@@ -36,13 +38,13 @@ def test_ten_minutes_of_faults_lose_nothing_acknowledged_and_leak_nothing(tmp_pa
         script[3:3] = ["partition:replay"]
         script.append("partition:learner")
         faults += ",partition"
-    command = [sys.executable, str(SOAK), "--soak-overall-timeout-seconds", "600",
-               "--quiet-seconds", "300", "--resource-min-window", "180",
+    command = [sys.executable, str(SOAK), "--soak-overall-timeout-seconds", "900",
+               "--quiet-seconds", "600", "--resource-min-window", "420",
                "--nemesis-interval", "20", "40", "--pause-seconds", "5", "10",
                "--replay-checkpoint-interval", "5", "--learner-checkpoint-interval", "5",
                "--faults", faults, "--script", ",".join(script),
                "--run-dir", str(tmp_path / "run")]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=1100)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=1400)
     assert result.stdout, result.stderr[-3000:]
     report = json.loads(result.stdout.splitlines()[-1])
     # The failed checks first: a long report is cut short where it is shown.
@@ -54,7 +56,7 @@ def test_ten_minutes_of_faults_lose_nothing_acknowledged_and_leak_nothing(tmp_pa
     done = [f"{i['fault']}:{i['target']}" for i in report["iterations"]]
     assert len(done) >= 4 and done[: len(script)] == script[: len(done)], summary
     assert all(i["recovered"] for i in report["iterations"]), summary
-    assert report["quiet_from_s"] <= 600 - 180, summary
+    assert report["quiet_from_s"] <= 900 - 420, summary
     replay = report["checks"]["replay-0"]
     assert replay["acknowledged"] > 100 and replay["in_final_table"] > 0, summary
     # Read back: the checkpoint each restart restored, then the final one.

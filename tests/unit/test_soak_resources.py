@@ -18,12 +18,12 @@ def soak():
     return module
 
 
-def history(soak, tmp_path, rss, faults=(), full=None):
-    """One process's samples every 5 s over 10 minutes, RSS in MB as rss(t)."""
+def history(soak, tmp_path, rss, faults=(), full=None, every=5):
+    """One process's samples every `every` s over 10 minutes, RSS in MB as rss(t)."""
     tmp_path.mkdir(exist_ok=True)
     h = soak.History(tmp_path)
-    for i in range(121):
-        t = 1000.0 + 5 * i
+    for i in range(600 // every + 1):
+        t = 1000.0 + every * i
         extra = {} if full is None else {"full": full(t)}
         h.add("resources", name="replay" if full else "actor-0", pid=1, t=t,
               rss=rss(t) * soak.MB, threads=10, fds=20, **extra)  # fmt: skip
@@ -77,4 +77,19 @@ def test_a_transient_peak_is_not_growth(soak, tmp_path):
 def test_growth_under_transient_peaks_is_found(soak, tmp_path):
     result = check(soak, history(soak, tmp_path,
                                  lambda t: 70 + (t - 1000) / 600 * 1.5 + checkpoint_copies(t)))  # fmt: skip
-    assert result["problems"] and result["measured"]["actor-0/1"]["rss"] == pytest.approx(1.5)
+    # The median of a window a peak meets is one sample further up the line: 1.499, not 1.5.
+    slope = result["measured"]["actor-0/1"]["rss"]
+    assert result["problems"] and slope == pytest.approx(1.5, abs=0.01)
+
+
+def test_a_heap_caught_low_now_and_then_is_not_growth(soak, tmp_path):
+    # A learner's heap dips between its batches and messages: in tests/e2e/test_soak.py's run,
+    # 2% of the restarted learner's samples read 1.5 MB or more below the median of those
+    # within 15 s of them (1% above it by 0.95 MB or more). Here every 10th sample for the first
+    # 5 minutes dips 2 MB below a level that never moves, and none after: the lowest within
+    # 15 s reads that as growth, the median does not.
+    def rss(t):
+        return 298 if t < 1300 and int(t) % 10 == 0 else 300
+
+    result = check(soak, history(soak, tmp_path, rss, every=1))
+    assert not result["problems"] and result["measured"]["actor-0/1"]["rss"] == 0, result
