@@ -588,7 +588,9 @@ def level_points(samples: list[dict], key: str, scale: float) -> list[tuple[floa
     t = np.array([s["t"] for s in samples])
     y = np.array([s[key] / scale for s in samples], dtype=np.float64)
     inner = t[(t >= t[0] + LEVEL_S) & (t <= t[-1] - LEVEL_S)]
-    return [(ti, float(np.median(y[np.abs(t - ti) <= LEVEL_S]))) for ti in inner]
+    starts = np.searchsorted(t, inner - LEVEL_S, "left")  # the samples are in time order
+    ends = np.searchsorted(t, inner + LEVEL_S, "right")
+    return [(ti, float(np.median(y[a:b]))) for ti, a, b in zip(inner, starts, ends, strict=True)]
 
 
 def check_resources(history: History, warmup: float, min_window: float, since: float = 0.0) -> dict:
