@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 
-from apexrl.replay import snapshot
+from apexrl.replay import server, snapshot
 from apexrl.replay.table import Table
 from tests.conftest import checkpoint_digest, in_process_replay, transitions, wait_for
 
@@ -80,8 +80,6 @@ def test_a_checkpoint_holds_the_table_as_of_its_start_while_calls_change_it(tmp_
 def test_no_copy_of_a_table_outlives_its_checkpoint_write(tmp_path, monkeypatch):
     """When the heap is trimmed after the write, nothing holds a snapshot (its chunks are a
     table's size of copies): what is still referenced then stays in the replay's RSS."""
-    from apexrl.replay import server
-
     live_at_trim = []
 
     def counting_trim() -> None:
