@@ -252,6 +252,83 @@ def test_targets_sync_every_interval():
         torch.testing.assert_close(value, learning.online.state_dict()[name], msg=name)
 
 
+def perturbed_apart(learning: DPGLearning, seed: int) -> None:
+    """Moves the target networks away from the online ones, as updates between syncs do."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in learning.target.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.5)
+
+
+def test_the_critic_bootstraps_from_the_target_policy_and_target_critic():
+    """With the targets moved apart from the online networks, the update's TD errors are those
+    of y = r + d Q_target(s', pi_target(s')): not of the online policy's next action."""
+    algorithm, learning = make_learning(target_update_interval=1000)
+    perturbed_apart(learning, seed=6)
+    batch, weights = random_batch(algorithm.spec, 8, seed=7), torch.ones(8)
+    online, target = copy.deepcopy(learning.online), copy.deepcopy(learning.target)
+    _, want, _ = critic_loss(online.critic, target.policy, target.critic, batch, weights)
+    _, online_next, _ = critic_loss(online.critic, online.policy, target.critic, batch, weights)
+    assert not torch.allclose(want, online_next, rtol=1e-3, atol=1e-3)  # the check can tell
+
+    td, _ = learning.update(batch, weights, step=1)
+
+    torch.testing.assert_close(td, want.abs())
+
+
+class ReferenceDDPG:
+    """DDPG's update written out from its equations, for the learner's to equal: the critic
+    regresses to y = r + d Q'(s', pi'(s')) (importance-weighted 0.5 delta^2, norm-clipped), the
+    policy then climbs Q(s, pi(s)) on the updated critic (gradients clipped to [-1, 1]), and
+    the targets copy both every `interval` updates."""
+
+    def __init__(self, learning: DPGLearning, interval: int):
+        self.online, self.target = copy.deepcopy(learning.online), copy.deepcopy(learning.target)
+        self.interval = interval
+        self.critic_adam = torch.optim.Adam(self.online.critic.parameters(), lr=1e-3)
+        self.policy_adam = torch.optim.Adam(self.online.policy.parameters(), lr=1e-3)
+
+    def update(self, b, weights, step: int) -> torch.Tensor:
+        online, target = self.online, self.target
+        with torch.no_grad():
+            next_obs = b["next_obs"].float()
+            y = b["reward"] + b["discount"] * target.critic(next_obs, target.policy(next_obs))
+        delta = y - online.critic(b["obs"].float(), b["action"])
+        self.critic_adam.zero_grad()
+        (weights * 0.5 * delta**2).mean().backward()
+        torch.nn.utils.clip_grad_norm_(online.critic.parameters(), 10.0)
+        self.critic_adam.step()
+        self.policy_adam.zero_grad()
+        obs = b["obs"].float()
+        (-online.critic(obs, online.policy(obs)).mean()).backward()
+        for p in online.policy.parameters():
+            p.grad.clamp_(-1.0, 1.0)
+        self.policy_adam.step()
+        if step % self.interval == 0:
+            target.load_state_dict(online.state_dict())
+        return delta.detach().abs()
+
+
+def test_updates_equal_ddpg_written_out_from_its_equations():
+    """The deterministic check beside the integration test's statistical one: five updates
+    (a steep critic so the policy's clip binds, targets apart from the online networks, a sync
+    after the second and fourth) leave every network and TD error as the reference's."""
+    algorithm, learning = make_learning(target_update_interval=2)
+    with torch.no_grad():
+        learning.online.critic.head.weight.mul_(30.0)
+    perturbed_apart(learning, seed=8)
+    reference = ReferenceDDPG(learning, interval=2)
+    for step in range(1, 6):
+        batch = random_batch(algorithm.spec, 16, seed=20 + step)
+        weights = torch.rand(16, generator=torch.Generator().manual_seed(step)) + 0.1
+        td, _ = learning.update(batch, weights, step)
+        torch.testing.assert_close(td, reference.update(batch, weights, step), msg=f"step {step}")
+    for nets, want in ((learning.online, reference.online), (learning.target, reference.target)):
+        for name, value in nets.state_dict().items():
+            torch.testing.assert_close(value, want.state_dict()[name], msg=name)
+    assert not torch.equal(learning.online.policy.head.weight, learning.target.policy.head.weight)
+
+
 def test_published_parameters_hold_policy_and_critic_and_load_into_a_policy():
     algorithm, learning = make_learning()
     learning.update(random_batch(algorithm.spec, 8, seed=5), torch.ones(8), step=1)
