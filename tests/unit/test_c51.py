@@ -100,6 +100,33 @@ def test_loss_and_priorities_by_hand():
     assert grad[0, 0, 2] < 0 and grad[0, 0, 1] < 0 and grad[0, 0, 4] > 0
 
 
+def test_the_online_network_picks_the_next_action_and_the_target_values_it():
+    """Double Q where the two networks disagree: at the next state the online net prefers
+    action 1 (Q 2 over 1), the target net action 0 (Q 4 over 3). The target distribution is
+    the target's of action 1, all at 3: 0.5 + 0.5 * 3 = 2 (atom 2), not 0.5 + 0.5 * 4 = 2.5."""
+    uniform = [0.2] * 5
+    online = TableDistribution([[uniform, uniform], [one_hot(1), one_hot(2)]], SUPPORT)
+    target = TableDistribution([[uniform, uniform], [one_hot(4), one_hot(3)]], SUPPORT)
+    online.logits.data.clamp_(min=-30.0)
+    target.logits.data.clamp_(min=-30.0)
+    assert online(torch.tensor([1])).argmax() == 1 and target(torch.tensor([1])).argmax() == 0
+    batch = {
+        "obs": torch.tensor([0]),
+        "action": torch.tensor([1]),
+        "reward": torch.tensor([0.5]),
+        "discount": torch.tensor([0.5]),
+        "next_obs": torch.tensor([1]),
+    }
+    loss, kl, _ = c51_loss(online, target, batch, torch.ones(1))
+    # Against a uniform prediction, -sum m log p = log 5 for any target m; the gradient says
+    # where the target's mass is: it pulls up atom 2's logit alone.
+    torch.testing.assert_close(kl, torch.tensor([math.log(5)]))
+    loss.backward()
+    grad = online.logits.grad[0, 1]
+    assert grad[2] < 0 and (grad[[0, 1, 3, 4]] > 0).all()
+    torch.testing.assert_close(grad, torch.tensor([0.2, 0.2, -0.8, 0.2, 0.2]))
+
+
 def test_priorities_vanish_when_the_distributions_agree():
     online = TableDistribution([[one_hot(2)], [one_hot(2)]], SUPPORT)
     online.logits.data.clamp_(min=-30.0)
