@@ -1,6 +1,8 @@
 """R2D2's pure parts on hand values (h and its inverse, the priority mix, n-step targets at
 episode ends, burn-in), its policy's state per env, and a learner that must remember a cue."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -18,6 +20,7 @@ from apexrl.algorithms.r2d2.losses import (
     priority_mix,
     r2d2_loss,
     rescale,
+    td_errors,
     unrescale,
     unroll_with_burn_in,
 )
@@ -57,6 +60,52 @@ def test_nstep_targets_bootstrap_at_the_sequence_end_and_stop_at_a_terminal():
     np.testing.assert_allclose(out[1, :2], [1 + 0.5 * 2, 2])
     # Truncated at step 1 (discount gamma): the final observation's value bootstraps.
     np.testing.assert_allclose(out[2, :2], [1 + 0.5 * 2 + 0.25 * 20, 2 + 0.5 * 20])
+
+
+def test_td_errors_bootstrap_from_the_target_value_unrescaled_with_discount():
+    """y_t = h(sum of discounted rewards + d^m h^-1(Q_target(s_{t+m}, argmax_a Q(s_{t+m}, a))))
+    by hand, burn-in 1, n 2, discount 0.5. Q_target holds h(3), h(8), h(15), h(24) (h(x) =
+    sqrt(x + 1) - 1 + 0.001 x), and at each next state prefers the action the online net does
+    not. Sequence 0 (all real): R_0 = 11 + 0.5 * 0.5 + 0.25 * 15 = 15 and R_1 = 0.5 + 0.5 * 15
+    = 8; sequence 1 (one real learned step, then padding): R_0 = 6.5 + 0.5 * 3 = 8."""
+    h = {x: (x + 1) ** 0.5 - 1 + 0.001 * x for x in (3, 8, 15, 24)}
+    # Rows: the observations of steps 1, 2 and 3 (after burn-in step 0); 2 actions.
+    q = torch.tensor([[0.3, 0.7], [0.2, 1.0], [2.0, 0.5]], dtype=torch.float64)
+    q_target = torch.tensor([[0.0, 0.0], [h[8], h[3]], [h[15], h[24]]], dtype=torch.float64)
+    batch = {
+        "actions": torch.tensor([[0, 1, 0], [0, 1, 0]]),
+        "rewards": torch.tensor([[100.0, 11.0, 0.5], [100.0, 6.5, 50.0]], dtype=torch.float64),
+        "discounts": torch.full((2, 3), 0.5, dtype=torch.float64),
+        "mask": torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=torch.float64),
+    }
+    td, mask, q_taken = td_errors(q.expand(2, 3, 2), q_target.expand(2, 3, 2), batch, 1, 2)
+    np.testing.assert_allclose(q_taken, [[0.7, 0.2], [0.7, 0.2]])
+    np.testing.assert_allclose(mask, [[1, 1], [1, 0]])
+    np.testing.assert_allclose(td, [[h[15] - 0.7, h[8] - 0.2], [h[8] - 0.7, 0.0]], rtol=1e-9)
+
+
+def test_what_burn_in_steps_hold_changes_nothing_the_learner_does(one_thread):
+    """The burn-in steps only warm up the state: changing their rewards, actions and discounts
+    leaves the priorities and the networks after an update exactly as they were."""
+    settings = algorithms.get("r2d2").Settings(
+        sequence_length=6, sequence_period=3, burn_in=2, n_step=3, lstm_size=8,
+        target_update_interval=1,
+    )  # fmt: skip
+    config = LearnerConfig(algorithm="r2d2", env=MASKED_CARTPOLE, hidden="16", algo=settings)
+    torch.manual_seed(0)
+    learning = algorithms.make(config).learning(config, torch.device("cpu"))
+    other = copy.deepcopy(learning)
+    batch, _ = cue_batch(np.random.default_rng(4))
+    batch["discounts"][:] = 0.9
+    changed = {k: v.clone() for k, v in batch.items()}
+    changed["rewards"][:, :2] += 100.0
+    changed["actions"][:, :2] = 1 - changed["actions"][:, :2]
+    changed["discounts"][:, :2] = 0.0
+    priorities, _ = learning.update(batch, torch.ones(64), 1)
+    again, _ = other.update(changed, torch.ones(64), 1)
+    torch.testing.assert_close(again, priorities, rtol=0, atol=0)
+    for name, value in learning.online.state_dict().items():
+        torch.testing.assert_close(other.online.state_dict()[name], value, rtol=0, atol=0)
 
 
 def network(obs_dim=2, actions=2, lstm=8):
