@@ -488,4 +488,4 @@ def _best_model(checkpoint_dir: Path) -> str:
 
 def _write_outputs(run_dir: Path, rows: list[dict], target: float) -> None:
     if rows:
-        plot.learning_curve(rows, run_dir / "learning_curve.png", target)
+        plot.learning_curve(run_dir, rows, target)
