@@ -113,6 +113,26 @@ def make(**settings):
     return algorithms.make(config)
 
 
+def test_the_dictionary_settings_reach_every_dnd_the_builder_makes():
+    """delta 0.5, neighbours 2, alpha 0.25, capacity 3, in the learner's, the actors' and a
+    plain network's DNDs alike: keys e0, e1 (values 1, 3) and a far one at 10 e2 (value 100).
+    A lookup at e0 weighs its 2 nearest by 1/(d + delta) = 1/0.5, 1/2.5: Q = (2 + 1.2) / 2.4; a
+    write of 5 to e0 moves its value a quarter of the way, to 2; a fourth key replaces one."""
+    builder = make(delta=0.5, neighbours=2, alpha=0.25, capacity=3)
+    learning = builder.learning(builder.config, torch.device("cpu"))
+    nets = {"network": builder.network(), "policy": builder.policy().net, "learner": learning.net}
+    e = np.eye(4, dtype=np.float32)
+    for made_by, net in nets.items():
+        for dnd in net.dnds:
+            dnd.write(np.stack([e[0], e[1], 10 * e[2]]), np.array([1.0, 3.0, 100.0], np.float32))
+            q = dnd(torch.from_numpy(e[:1])).item()
+            assert q == pytest.approx(3.2 / 2.4, rel=1e-5), made_by
+            dnd.write(e[:1], np.array([5.0], np.float32))
+            assert dnd.values.weight[0, 0].item() == pytest.approx(2.0), made_by
+            dnd.write(e[3:], np.array([7.0], np.float32))
+            assert dnd.used == 3, made_by
+
+
 def batch_of(obs, action, reward, discount, next_obs) -> dict[str, torch.Tensor]:
     return {
         "obs": torch.tensor(obs, dtype=torch.float32),
