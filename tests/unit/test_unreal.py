@@ -173,6 +173,34 @@ def test_reward_prediction_learns_the_sign_of_the_next_reward():
     assert (predicted == expected).mean() > 0.9
 
 
+@pytest.mark.parametrize("pc_gamma", [0.5, 0.9])
+def test_the_learner_discounts_pixel_control_by_pc_gamma(pc_gamma):
+    """Pixel control's head zeroed to Q = 1 everywhere; frames 0 -> 1 change cell (0, 0)
+    entirely, 1 -> 2 nothing; the episode goes on. With g = pc_gamma, R_1 = g and R_0 = 1 + g^2
+    at that cell, g and g^2 at the 399 others: the learner's loss is the mean over the 2 steps
+    of the squared errors to Q = 1 summed over the cells, and its weighted share pc_lambda."""
+    learner = learning(image=True, pc_gamma=pc_gamma, rp_lambda=0.0, vr_lambda=0.0)
+    head = learner.net.pixel_control
+    with torch.no_grad():
+        for conv in (head.value, head.advantage):
+            conv.weight.zero_()
+            conv.bias.zero_()
+        head.value.bias.fill_(1.0)
+    obs = torch.zeros((1, 3, *IMAGE), dtype=torch.uint8)
+    obs[:, 1:, -1, 2:6, 2:6] = 255
+    batch = {
+        "experience/observations": obs,
+        "experience/actions": torch.tensor([[0, 1]]),
+        "experience/rewards": torch.zeros(1, 2),
+        "experience/discounts": torch.full((1, 2), 0.99),
+    }
+    g = pc_gamma
+    want = ((1 + g**2 - 1) ** 2 + 399 * (g**2 - 1) ** 2 + 400 * (g - 1) ** 2) / 2
+    assert learner.auxiliary_losses(batch)["pc"].item() == pytest.approx(want, rel=1e-5)
+    total, _ = learner.auxiliary(batch)
+    assert total.item() == pytest.approx(learner.settings.pc_lambda * want, rel=1e-5)
+
+
 def test_value_replay_learns_the_values_of_the_replayed_states():
     learner = learning(image=False, pc_lambda=0.0, rp_lambda=0.0)
     rng = np.random.default_rng(1)
