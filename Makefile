@@ -11,12 +11,19 @@ TORCH ?= torch==2.13.0
 
 setup: $(VENV)/.installed
 
+# One line per step; pip says nothing but errors.
+PIP_INSTALL := $(PY) -m pip install -q -q --disable-pip-version-check
+
 $(VENV)/.installed: pyproject.toml
-	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[local,continuous,atari,test,bench]"
-	touch $@
+	@echo "setup: creating $(VENV)"
+	@python3 -m venv $(VENV)
+	@echo "setup: upgrading pip"
+	@$(PIP_INSTALL) --upgrade pip
+	@echo "setup: installing $(TORCH)"
+	@$(PIP_INSTALL) "$(TORCH)"
+	@echo "setup: installing apexrl with its extras (local, continuous, atari, test, bench)"
+	@$(PIP_INSTALL) -e ".[local,continuous,atari,test,bench]"
+	@touch $@
 
 run: setup
 	$(VENV)/bin/apexrl local
