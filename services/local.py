@@ -149,6 +149,7 @@ class Child:
     process: subprocess.Popen
     ports: dict
     ready_file: Path
+    episodes: tuple[float, ...] = (0.0, 0.0)  # return sum and count at the previous row
 
     def metrics(self) -> dict[str, float]:
         """Sum of every sample of every metric, by sample name (none before it is ready)."""
@@ -313,7 +314,7 @@ def _format_count(n: float) -> str:
 
 
 FIELDS = ["seconds", "startup_seconds", "env_steps", "env_steps_per_s", "updates", "updates_per_s", "replay_size",
-          "replay_bytes_per_item",
+          "replay_bytes_per_item", "actor_mean_return",
           "eval_mean_return", "eval_rounds", "eval_best_mean_return", "eval_best_version",
           "parameter_version", "parameter_bytes", "parameter_change_bytes", "loss",
           "prefetch_wait_fraction",
@@ -428,14 +429,21 @@ def _score(value: float) -> float:
 def _collect(run: Run, seconds: float, previous: dict | None) -> dict:
     totals: dict[str, float] = {}
     first_steps = []  # each actor's first env step (unix time)
+    ended = [0.0, 0.0]  # return sum and count of the actors' episodes ended since the last row
     for child in run.children:
         try:
-            for name, value in child.metrics().items():
-                totals[name] = totals.get(name, 0.0) + value
-                if name == "apexrl_actor_first_step_timestamp_seconds" and value > 0:
-                    first_steps.append(value)
+            metrics = child.metrics()
         except OSError:  # a child busy or restarting: its numbers come next time
-            pass
+            continue
+        for name, value in metrics.items():
+            totals[name] = totals.get(name, 0.0) + value
+            if name == "apexrl_actor_first_step_timestamp_seconds" and value > 0:
+                first_steps.append(value)
+        now = tuple(metrics.get(f"apexrl_actor_episode_return_{s}", 0.0) for s in ("sum", "count"))
+        # Fewer episodes than before: the actor restarted, its counters from 0 (as rate() does).
+        before = child.episodes if now[1] >= child.episodes[1] else (0.0, 0.0)
+        ended = [e + n - b for e, n, b in zip(ended, now, before, strict=True)]
+        child.episodes = now
     row = {
         "seconds": round(seconds, 3),
         # From launch to the first env step of any actor (start-up: imports, servers, the
@@ -459,6 +467,7 @@ def _collect(run: Run, seconds: float, previous: dict | None) -> dict:
         "loss": totals.get("apexrl_learner_loss", math.nan),
         "prefetch_wait_fraction": totals.get("apexrl_learner_prefetch_wait_fraction", math.nan),
         "transitions_dropped": totals.get("apexrl_actor_transitions_dropped_total", 0.0),
+        "actor_mean_return": round(ended[0] / ended[1], 3) if ended[1] else math.nan,
     }
     # A gauge reads 0 before it is set: no evaluation (or best model) yet is NaN, not a score of 0.
     if not row["eval_rounds"]:
