@@ -43,6 +43,8 @@ from pathlib import Path
 import numpy as np
 from replay_load import proc_stats  # benchmarks/, on sys.path as the script's folder
 
+from apexrl.algorithms.envs import FRAME_SKIP  # also atari_impala's, through this module
+
 RAW_PAIR_BYTES = 2 * 4 * 84 * 84
 
 
@@ -300,9 +302,6 @@ def learner_updates_per_s(batch_size: int, updates: int, precision: str) -> floa
             learner._update(columns, weights, keys, sink)
         rates.append(updates / (time.perf_counter() - started))
     return round(statistics.median(rates), 2)
-
-
-FRAME_SKIP = 4  # env frames per agent step (AtariPreprocessing's frame_skip)
 
 
 def run_local_pong(

@@ -18,9 +18,6 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-# Env frames per env step in Atari games (AtariPreprocessing's frame_skip in
-# algorithms/envs.make_env): the literature counts Atari runs in frames.
-ATARI_FRAME_SKIP = 4
 # Runs longer than this are drawn against minutes rather than seconds.
 MINUTES_AFTER_SECONDS = 600.0
 # The actors' mean undiscounted return over the episodes they finished since the previous row.
@@ -116,13 +113,15 @@ def figure(runs: list[Run], target: float | None, target_source: str = "given"):
     wall.set_xlabel("wall minutes" if minutes else "wall seconds")
     steps.xaxis.set_major_formatter(FuncFormatter(count_label))
     if all(run.atari for run in runs):
+        # Imported here: envs imports gymnasium and numpy, which importing plot does without.
+        from apexrl.algorithms.envs import FRAME_SKIP
+
         steps.set_xlabel("env steps (agent steps)")
         frames = steps.secondary_xaxis(
-            "top",
-            functions=(lambda s: s * ATARI_FRAME_SKIP, lambda f: f / ATARI_FRAME_SKIP),
+            "top", functions=(lambda s: s * FRAME_SKIP, lambda f: f / FRAME_SKIP)
         )
         frames.xaxis.set_major_formatter(FuncFormatter(count_label))
-        frames.set_xlabel(f"env frames (env steps x frame skip {ATARI_FRAME_SKIP})")
+        frames.set_xlabel(f"env frames (env steps x frame skip {FRAME_SKIP})")
     else:
         steps.set_xlabel("env steps")
 

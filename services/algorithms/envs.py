@@ -46,6 +46,9 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 # bound is negative, and the dashboards' mean returns are _sum / _count; negative returns
 # (Acrobot, Pendulum) land in the first bucket and still count in _sum.
 RETURN_BUCKETS = (0, 10, 25, 50, 100, 200, 300, 400, 475, 500, 1000, 5000, 20000)
+# Atari: emulator frames per env step (agent step), the same action repeated; the literature
+# counts Atari runs in these frames.
+FRAME_SKIP = 4
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,7 @@ def make_env(
         full_action_space=options.full_action_space,
         **rendering,
     )
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=FRAME_SKIP, screen_size=84)
     return gym.wrappers.FrameStackObservation(FireToStart(env), 4)
 
 
