@@ -102,7 +102,11 @@ def exact_batches(replay, size: Callable[[], int], beta: float, stop) -> Iterato
     longer held back, race ahead) and lose every buffered batch when it stops."""
     while not stop.is_set():
         try:
-            yield replay.sample(size(), beta)
-        except grpc.RpcError as err:  # the queue lacked a batch until the deadline: again
+            batch = replay.sample(size(), beta)
+        except grpc.RpcError as err:
+            if stop.is_set():  # the stop cancelled it: a stop, not a failure
+                return
             if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise
+            continue  # the queue lacked a batch until the deadline: again
+        yield batch

@@ -1,4 +1,4 @@
-"""Retrying gRPC calls on UNAVAILABLE with capped exponential backoff and full jitter."""
+"""Retrying gRPC calls while their server is away, with capped exponential backoff and full jitter."""
 
 import logging
 import random
@@ -28,6 +28,19 @@ RECONNECT_OPTIONS = [
 ]
 
 
+# A server that goes away ends the calls in flight with UNAVAILABLE, or with CANCELLED when its
+# own stop cancels them (serving.stop_server: grpc's stop(0) once the handlers' grace is over,
+# for calls that arrived meanwhile). Both are retried; a CANCELLED the caller caused itself
+# (its stop set, its channel closed) never is.
+GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+
+
+def server_gone(err: grpc.RpcError, stopping: bool = False) -> bool:
+    """True when `err` says the server went away, not that the call failed, and the caller is
+    not stopping (a stopping caller's own cancellations read CANCELLED too)."""
+    return not stopping and err.code() in GONE
+
+
 class Backoff:
     """Delays of 0.1 s doubling to `cap`, each drawn uniformly below the current bound."""
 
@@ -50,12 +63,14 @@ def retry_unavailable(
     retry_seconds: float | None,
     cap: float = 5.0,
     stop: threading.Event | None = None,
+    closed: Callable[[], bool] = lambda: False,
 ) -> T:
-    """Calls `call` until it does not fail with UNAVAILABLE, for at most `retry_seconds` (None:
-    forever), with Backoff delays up to `cap`, and no more once `stop` is set (a stopping
-    process tries once, it does not wait for a server that is away). The first retry of a
-    call is logged at INFO, the rest at DEBUG (a server away for a while is one line per
-    call, not one per try)."""
+    """Calls `call` until it does not fail because its server is away (server_gone), for at
+    most `retry_seconds` (None: forever), with Backoff delays up to `cap`, and no more once
+    `stop` is set or `closed()` (a stopping process tries once, it does not wait for a
+    server that is away; a call its own stop cancelled is raised, not retried). The first
+    retry of a call is logged at INFO, the rest at DEBUG (a server away for a while is one
+    line per call, not one per try)."""
     backoff = Backoff(initial=min(0.1, cap), cap=cap)
     give_up = None if retry_seconds is None else time.monotonic() + retry_seconds
     level = logging.INFO
@@ -63,11 +78,11 @@ def retry_unavailable(
         try:
             return call()
         except grpc.RpcError as err:
-            if err.code() != grpc.StatusCode.UNAVAILABLE:
+            stopping = (stop is not None and stop.is_set()) or closed()
+            if not server_gone(err, stopping):
                 raise
             delay = backoff.next_delay()
-            stopping = stop is not None and stop.is_set()
-            if stopping or (give_up is not None and time.monotonic() + delay > give_up):
+            if give_up is not None and time.monotonic() + delay > give_up:
                 raise
             log.log(
                 level, "%s: server unavailable (%s), retrying in %.2f s", what, err.details(), delay

@@ -1,5 +1,5 @@
 """What every apexrl gRPC client shares: one channel with explicit limits, fast reconnects and
-optional (mutual) TLS, deadlines on every call, retries while the server is UNAVAILABLE."""
+optional (mutual) TLS, deadlines on every call, retries while the server is away."""
 
 import threading
 from collections.abc import Callable
@@ -51,6 +51,7 @@ class GrpcClient:
         stop: the process's stop, after which a call is tried once, not retried."""
         self.address, self.timeout, self.retry_seconds = address, timeout, retry_seconds
         self.retry_cap, self.stop = retry_cap, stop
+        self.closed = False  # set by close(): the calls it cancels are the caller's own
         options = message_options(max_message_mb) + RECONNECT_OPTIONS + list(channel_options)
         credentials = channel_credentials(tls)
         self.channel = (
@@ -60,7 +61,13 @@ class GrpcClient:
         )
 
     def close(self) -> None:
+        self.closed = True
         self.channel.close()
+
+    def stopping(self) -> bool:
+        """The process's stop is set or this client was closed: a call cancelled now was
+        cancelled by its own side, not by the server."""
+        return self.closed or (self.stop is not None and self.stop.is_set())
 
     def __enter__(self) -> Self:
         return self
@@ -70,5 +77,6 @@ class GrpcClient:
 
     def _retry(self, call: Callable[[], T], what: str) -> T:
         return retry_unavailable(
-            call, f"{self.address} {what}", self.retry_seconds, self.retry_cap, self.stop
-        )
+            call, f"{self.address} {what}", self.retry_seconds, self.retry_cap, self.stop,
+            closed=lambda: self.closed,
+        )  # fmt: skip

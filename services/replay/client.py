@@ -1,7 +1,8 @@
 """ReplayClient: the learner's and actors' view of a replay server.
 
-Every call carries a deadline and is retried with backoff while the server is UNAVAILABLE
-(restarting, partitioned), for up to `retry_seconds` (None: forever, as actors want).
+Every call carries a deadline and is retried with backoff while the server is away
+(UNAVAILABLE, or CANCELLED by the server's own stop: restarting, partitioned), for up to
+`retry_seconds` (None: forever, as actors want); never once the caller stops.
 Inserts may be re-sent after a reconnect, so delivery is at-least-once.
 
 Inserts and priority updates each go over one long-lived stream (Insert,
@@ -25,7 +26,7 @@ import grpc
 import numpy as np
 
 from apexrl.common import tensors
-from apexrl.common.backoff import Backoff
+from apexrl.common.backoff import Backoff, server_gone
 from apexrl.common.client import GrpcClient
 from apexrl.v1 import replay_pb2, replay_pb2_grpc
 
@@ -326,8 +327,13 @@ class ReplayClient(GrpcClient):
                     received += 1
                     yield SampledBatch.from_proto(response)
             except grpc.RpcError as err:
-                if err.code() == grpc.StatusCode.UNAVAILABLE:
-                    time.sleep(backoff.next_delay())
+                if self.stopping():  # this process cancelled it (its stop, or close)
+                    return
+                if server_gone(err):
+                    if self.stop is None:
+                        time.sleep(backoff.next_delay())
+                    elif self.stop.wait(backoff.next_delay()):
+                        return
                 elif err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                     raise
             finally:

@@ -46,7 +46,7 @@ import grpc
 import numpy as np
 
 from apexrl.common import codec
-from apexrl.common.backoff import Backoff
+from apexrl.common.backoff import Backoff, server_gone
 from apexrl.replay import keys as keyspace
 from apexrl.replay.client import ReplayClient, SampledBatch
 from apexrl.v1 import replay_pb2, tensor_pb2
@@ -297,7 +297,7 @@ class ShardedReplayClient:
                         columns, priorities, max_wait=None if last else self.HOP_SECONDS
                     )
                 except grpc.RpcError as err:
-                    if err.code() == grpc.StatusCode.UNAVAILABLE:
+                    if server_gone(err, self.stop.is_set()):
                         self._down(shard, err)
                         return None
                     if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED or last:
@@ -319,9 +319,7 @@ class ShardedReplayClient:
             results = self._map(lambda sc: sc[0].client.sample_response(sc[1], beta), asked)
             down = False
             for (shard, _), result in zip(asked, results, strict=True):
-                if isinstance(result, grpc.RpcError) and (
-                    result.code() == grpc.StatusCode.UNAVAILABLE
-                ):
+                if isinstance(result, grpc.RpcError) and server_gone(result, self.stop.is_set()):
                     self._down(shard, result)
                     down = True
                 elif isinstance(result, BaseException):
@@ -397,9 +395,10 @@ class ShardedReplayClient:
         )
         updated = stale = 0
         for (shard, mask), result in zip(live, results, strict=True):
-            if isinstance(result, grpc.RpcError) and result.code() in (
-                grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED
-            ):  # fmt: skip
+            if isinstance(result, grpc.RpcError) and (
+                server_gone(result, self.stop.is_set())
+                or result.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            ):
                 self._down(shard, result)
                 dropped += int(mask.sum())
             elif isinstance(result, BaseException):

@@ -1,4 +1,5 @@
-"""retry_unavailable: retries only UNAVAILABLE, within retry_seconds, delays bounded by cap."""
+"""retry_unavailable: retries a server's going away (UNAVAILABLE, or a CANCELLED the caller did
+not cause) and nothing else, within retry_seconds, delays bounded by cap."""
 
 import logging
 import threading
@@ -96,3 +97,18 @@ def test_a_stop_during_the_delay_ends_the_retries():
     with pytest.raises(Failure):
         backoff.retry_unavailable(call, "x", retry_seconds=None, cap=3600.0, stop=stop)
     assert stop.is_set() and len(calls) < 10
+
+
+def test_a_cancelled_call_is_retried_unless_the_caller_cancelled_it(slept):
+    """CANCELLED with the caller running: the server's stop cancelled it, so it goes again;
+    with the caller's stop set or its client closed, the cancel was its own: raised at once."""
+    call, calls = failing(2, grpc.StatusCode.CANCELLED)
+    assert backoff.retry_unavailable(call, "replay sample", None, cap=0.1) == "ok"
+    assert len(calls) == 3 and len(slept) == 2
+    stop = threading.Event()
+    stop.set()
+    for options in ({"stop": stop}, {"closed": lambda: True}):
+        call, calls = failing(2, grpc.StatusCode.CANCELLED)
+        with pytest.raises(Failure):
+            backoff.retry_unavailable(call, "replay sample", None, cap=0.1, **options)
+        assert len(calls) == 1 and len(slept) == 2
