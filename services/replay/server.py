@@ -84,10 +84,11 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
         if max_wait > 0:
             remaining = max_wait if remaining is None else min(remaining, max_wait)
         try:
-            async with self._changed:
-                await asyncio.wait_for(
-                    self._changed.wait_for(lambda: self._stopping or ready()), remaining
-                )
+            # asyncio.timeout, not wait_for: wait_for runs the wait as a task of its own, and
+            # between its end and this call's next step another call could take what ready()
+            # saw (two samplers woken by one insert: the second met an empty queue).
+            async with asyncio.timeout(remaining), self._changed:
+                await self._changed.wait_for(lambda: self._stopping or ready())
         except TimeoutError:
             await context.abort(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
