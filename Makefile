@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # request could pull a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: setup run test test-fast lint format protos bench
+.PHONY: setup run test test-fast lint format protos bench mutants
 
 setup: $(VENV)/.installed
 
@@ -50,3 +50,11 @@ protos: setup
 
 bench: setup
 	$(PY) benchmarks/replay_throughput.py
+
+# Mutation testing of the losses, adders, samplers, rate limiters and the learner's priority
+# write-back (docs/testing.md): a score, not a gate, and not part of `make test`. About an hour
+# on 2 cores; MUTANTS="samplers adders" runs some groups only.
+MUTANTS ?=
+mutants: setup
+	$(PY) -m pip install -q "mutmut>=3,<4"
+	$(PY) benchmarks/mutants.py $(MUTANTS)
