@@ -8,8 +8,12 @@ The services run as local mode runs them (its Run: the same config file, entry p
 processes), training, and are stopped in the ORDERS below, each one's exit timed from its
 SIGTERM. ppo's learner used to take its whole 10 s grace in local mode's order (its
 priority writer waited for a batch that never came).
+
+Each run stops at a moment of its own; `benchmarks/stop_repeat.py` repeats this test many
+times per algorithm and counts the exits that were not 0 and the stops that were slow.
 """
 
+import random
 import signal
 import subprocess
 import time
@@ -98,9 +102,12 @@ def test_every_service_stops_within_seconds_of_sigterm(tmp_path, algorithm, orde
         run.start_all()
         run.start_evaluator()  # as local mode starts it, once the others serve
         by_name = {c.name: c for c in run.children}
+        # The stop comes at a moment of its own each run: after 3 to 12 updates, wherever
+        # each service then is (a sample, an insert, a priority write, a pull in flight).
+        updates = random.randint(3, 12)
         wait_for(
             lambda: (
-                by_name["learner"].metrics().get("apexrl_learner_updates_total", 0) >= 3
+                by_name["learner"].metrics().get("apexrl_learner_updates_total", 0) >= updates
                 and by_name["evaluator"].metrics().get("apexrl_evaluation_rounds_total", 0) >= 1
             ),
             120,
