@@ -153,3 +153,12 @@ def test_reward_windows_mark_rewards_strictly_beyond_the_threshold_in_float32():
     assert dtypes(items)["reward"] == "float32"
     marks = adder.priorities(items, policy=None)
     assert marks.dtype == np.float32 and marks.tolist() == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("obs_dtype", [np.uint8, np.float32])
+def test_nstep_items_keep_the_observations_dtype(obs_dtype):
+    adder = NStepAdder(2, 1, 0.9)
+    s = step(0)
+    item = adder.record(s.obs.astype(obs_dtype), s.actions, s.rewards, s.ends, s.truncated,
+                        s.final_obs.astype(obs_dtype))  # fmt: skip
+    assert item["obs"].dtype == item["next_obs"].dtype == obs_dtype
