@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Test-only: build apexrl's images with podman on a machine where no image registry is
-# reachable (see ../../../shared/TESTING.md and tests/e2e/test_kubernetes.py).
+# reachable (see tests/e2e/test_kubernetes.py and .ci/run).
 #
 #   deploy/podman/build_images.sh            # from anywhere; idempotent
 #

@@ -35,7 +35,7 @@ What podman does not run, so this test does NOT show it works (see the adapter's
 - Replicas: the manifest runs 4 actors; the test runs 1, then 3 (2 shared cores), so the ladder
   over 4 is not run here. No scheduler: requests place nothing (limits are enforced).
 
-Needs root, podman (configured as ../shared/TESTING.md says), debootstrap, prometheus and
+Needs root, podman (configured as .ci/run configures it), debootstrap, prometheus and
 promtool, kubectl: skipped when one is missing (CI sets APEXRL_REQUIRE_PODMAN=1: a failure).
 """
 

@@ -1,4 +1,4 @@
-"""The import graph keeps its layers (../shared/ARCHITECTURE.md): services never import each
+"""The import graph keeps its layers (docs/architecture.md#layers): services never import each
 other, the algorithm layer imports no service, the replay and the plumbing import neither."""
 
 import ast
