@@ -76,6 +76,17 @@ def test_pixel_control_targets_are_nstep_q_with_gamma_0_9(discount, expected):
     assert loss.item() == pytest.approx(expected, rel=1e-5)
 
 
+def test_pixel_control_reads_the_q_map_of_the_action_taken():
+    """Action 1 taken at both steps, its map 7 at every cell, action 0's 0; nothing changes on
+    screen and the bootstrap is 0: each step's error is 7^2 at each of the 400 cells."""
+    q = torch.zeros(3, 1, 2, 20, 20)
+    q[:2, 0, 1] = 7.0
+    frames = torch.zeros(3, 1, 84, 84, dtype=torch.uint8)
+    actions = torch.ones(2, 1, dtype=torch.int64)
+    loss = pixel_control_loss(q, actions, frames, torch.full((2, 1), 0.99), 0.9)
+    assert loss.item() == pytest.approx(49 * 400)
+
+
 def test_value_replay_regresses_to_nstep_returns_from_the_last_value():
     values = torch.tensor([[0.5], [0.2], [4.0]])
     rewards, discounts = torch.tensor([[1.0], [2.0]]), torch.full((2, 1), 0.9)
