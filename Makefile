@@ -28,10 +28,11 @@ $(VENV)/.installed: pyproject.toml
 run: setup
 	$(VENV)/bin/apexrl local
 
+# --durations: the slowest tests close the log, so CI time (kept under 40 minutes) has its names.
 test: setup lint
 	$(PY) protos/generate.py --check
 	$(PY) deploy/grafana/dashboard.py --check
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # The fast loop: unit and integration tests without the slow end-to-end ones.
 test-fast: setup
