@@ -13,7 +13,7 @@ from tests.e2e.evaluation import eval_mean, random_policy_mean
 pytestmark = pytest.mark.slow
 
 # Local mode's evaluations passed 100 about 25 s after start-up on 2026-12-03 (seed 1, 2 cores
-# under a load of 16; docs/benchmarks.md); the budget leaves room for start-up on a busy machine.
+# under a load of 16); the budget leaves room for start-up on a busy machine.
 TARGET = 100.0
 BUDGET = 120
 EPISODES = 30

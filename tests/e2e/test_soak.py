@@ -6,7 +6,7 @@ best model getting worse, CartPole solved again after the learner's restart, and
 RSS, threads and fds flat over the quiet minutes (a bounded step as a fault ends, an outage's
 backlog landing, is not growth; the 60-minute run in docs/benchmarks.md judges whole lives).
 Ten quiet minutes, not five: a learner's heap churns by a few MB, and over five minutes its
-level alone wandered by as much as the limit's slope (docs/benchmarks.md).
+level alone wandered by as much as the limit's slope (docs/experiments/soak.md).
 """
 
 import json
