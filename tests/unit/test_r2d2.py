@@ -84,6 +84,51 @@ def test_td_errors_bootstrap_from_the_target_value_unrescaled_with_discount():
     np.testing.assert_allclose(td, [[h[15] - 0.7, h[8] - 0.2], [h[8] - 0.7, 0.0]], rtol=1e-9)
 
 
+def test_nstep_returns_stay_on_their_inputs_device():
+    """Step indices made on the CPU would not mix with a GPU batch; the meta device (shapes
+    only, no data) shows it without a GPU."""
+    rewards = torch.zeros(2, 4, device="meta")
+    values = torch.zeros(2, 5, device="meta")
+    real = torch.tensor([4, 2], device="meta")
+    out = nstep_returns(rewards, rewards, values, real, n=2)
+    assert out.device.type == "meta" and out.shape == (2, 4)
+
+
+class ObservedQ(torch.nn.Module):
+    """A recurrent Q-network whose Q-values are its observations: every TD error by hand."""
+
+    def unroll(self, obs, state):
+        return obs, state
+
+
+def test_r2d2_loss_priorities_and_mean_q_by_hand():
+    """n 1, no burn-in, discount 0: y = h(r) (h(8) = 2.008, h(3) = 1.003, h(0) = 0), so the
+    TD errors are [1, 2, 0.5] and, the last step padding, [1, 3, 0]. Per sequence half their
+    squares summed over the 3 places: 0.875 and 5 / 3; weighted by 1 and 0.4, then averaged."""
+    q_taken = torch.tensor([[1.008, -2.0, 0.503], [-1.0, -1.997, 5.0]], dtype=torch.float64)
+    observations = torch.zeros(2, 4, 2, dtype=torch.float64)
+    observations[:, :3, 0] = q_taken
+    batch = {
+        "observations": observations,
+        "state": torch.zeros(2, 1, dtype=torch.float64),
+        "actions": torch.zeros(2, 3, dtype=torch.long),
+        "rewards": torch.tensor([[8.0, 0.0, 3.0], [0.0, 3.0, 100.0]], dtype=torch.float64),
+        "discounts": torch.zeros(2, 3, dtype=torch.float64),
+        "mask": torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=torch.float64),
+    }
+    weights = torch.tensor([1.0, 0.4], dtype=torch.float64)
+    net = ObservedQ()
+    loss, priorities, q_mean = r2d2_loss(net, net, batch, weights, burn_in=0, n=1, eta=0.9)
+    np.testing.assert_allclose(loss, (0.875 + 0.4 * 5 / 3) / 2, rtol=1e-9)
+    np.testing.assert_allclose(priorities, [0.9 * 2 + 0.1 * 3.5 / 3, 0.9 * 3 + 0.1 * 2])
+    # The mean of Q(s, a) over the 5 learned real steps; the padded step's is not read.
+    np.testing.assert_allclose(q_mean, (1.008 - 2.0 + 0.503 - 1.0 - 1.997) / 5, rtol=1e-9)
+    # One learned real step in the whole batch: its Q(s, a) is the mean.
+    batch["mask"] = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    _, _, q_mean = r2d2_loss(net, net, batch, weights, burn_in=0, n=1, eta=0.9)
+    np.testing.assert_allclose(q_mean, 1.008, rtol=1e-9)
+
+
 def test_what_burn_in_steps_hold_changes_nothing_the_learner_does(one_thread):
     """The burn-in steps only warm up the state: changing their rewards, actions and discounts
     leaves the priorities and the networks after an update exactly as they were."""
