@@ -141,6 +141,19 @@ def load_optimizer_state(
     optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
+def sync_target(target: torch.nn.Module, online: torch.nn.Module, tau: float) -> None:
+    """target <- tau * online + (1 - tau) * target, parameter by parameter (Polyak averaging,
+    DDPG's soft update); tau 1 is a hard copy. Buffers (batch-norm statistics and the like) are
+    copied whole."""
+    if tau == 1.0:
+        target.load_state_dict(online.state_dict())
+        return
+    with torch.no_grad():
+        torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
+        for mine, theirs in zip(target.buffers(), online.buffers(), strict=True):
+            mine.copy_(theirs)
+
+
 class TargetNetworkLearning:
     """The Learning of a Q network with a target copy (dqn, r2d2): the online network is what
     actors get; a checkpoint holds both networks and the optimizer."""
@@ -156,13 +169,14 @@ class TargetNetworkLearning:
         return adam(self.online.parameters(), self.config.learning_rate)
 
     def step(self, loss: torch.Tensor, update: int) -> None:
-        """One clipped gradient step; the target synced every target_update_interval."""
+        """One clipped gradient step; the target synced every target_update_interval
+        (sync_target with target_tau)."""
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.online.parameters(), self.config.max_grad_norm)
         self.optimizer.step()
         if update % self.settings.target_update_interval == 0:
-            self.target.load_state_dict(self.online.state_dict())
+            sync_target(self.target, self.online, self.settings.target_tau)
 
     def parameters(self) -> dict[str, np.ndarray]:
         return state_to_numpy(self.online)

@@ -12,11 +12,23 @@ from apexrl.config import ReplayTableConfig, option
 # The replay's own default name: a replay started with flat settings (one table) serves it.
 TABLE = "default"
 
+TARGET_TAU_HELP = (
+    "share of the online network blended into the target at each sync: target <- tau * online"
+    " + (1 - tau) * target (1: a hard copy; DDPG's soft update: 0.01 with"
+    " target_update_interval 1)"
+)
+
+
+def check_target_tau(tau: float) -> None:
+    if not 0.0 < tau <= 1.0:  # NaN fails too
+        raise ValueError(f"target_tau: must be in (0, 1] (1: a hard copy), got {tau}")
+
 
 @dataclass
 class OffPolicySettings:
     n_step: int = option(3, "n of the n-step returns the actors build")
     target_update_interval: int = option(50, "learner updates between target network syncs")
+    target_tau: float = option(1.0, TARGET_TAU_HELP)
     capacity: int = option(1_000_000, "transitions the replay table holds (per shard)")
     priority_exponent: float = option(
         0.6, "the table's alpha: P(i) = p_i^alpha / sum p^alpha (0: uniform)"
@@ -52,6 +64,7 @@ class OffPolicyBuilder(Builder):
     def check(self) -> None:
         if self.settings.n_step < 1:
             raise ValueError(f"n_step: must be >= 1, got {self.settings.n_step}")
+        check_target_tau(self.settings.target_tau)
 
     def tables(self) -> list[ReplayTableConfig]:
         s = self.settings

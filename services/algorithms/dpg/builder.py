@@ -10,12 +10,17 @@ from apexrl.algorithms.base import hidden_sizes
 from apexrl.algorithms.columns import Column
 from apexrl.algorithms.exploration import noise_ladder
 from apexrl.algorithms.off_policy import SMALL_MACHINE, OffPolicyBuilder, OffPolicySettings
+from apexrl.config import option
 
 
 @dataclass
 class Settings(OffPolicySettings):
-    """[dpg]: Ape-X DPG's settings (target_update_interval: a hard copy of policy and critic;
-    Ape-X DPG syncs every 100 batches)."""
+    """[dpg]: Ape-X DPG's settings (targets: Ape-X DPG copies policy and critic every 100
+    batches, DDPG blends them in with target_tau 0.01 every update)."""
+
+    policy_learning_rate: float = option(
+        0.0, "the policy's Adam learning rate (0: the learner's learning_rate, as the critic's)"
+    )
 
 
 class DPGBuilder(OffPolicyBuilder):
@@ -36,6 +41,9 @@ class DPGBuilder(OffPolicyBuilder):
 
     def check(self) -> None:
         super().check()
+        rate = self.settings.policy_learning_rate
+        if not rate >= 0:  # NaN fails too
+            raise ValueError(f"policy_learning_rate: must be >= 0 (0: learning_rate), got {rate}")
         if self.spec.discrete:
             raise ValueError(
                 f"algorithm: dpg needs a continuous (Box) action space, {self.spec.env_id} has"

@@ -13,6 +13,7 @@ from apexrl.algorithms.networks import (
     load_optimizer_state,
     optimizer_state,
     state_to_numpy,
+    sync_target,
 )
 
 # Element-wise bound on the policy's parameter gradients (Ape-X DPG clips them to [-1, 1]).
@@ -57,9 +58,9 @@ class DPGLearning(Learning):
     what clipping dQ/da at the action (inverting gradients) is for. With Adam normalising
     the step the clip rarely binds; it keeps one outsized batch from turning the policy.
 
-    Targets: a hard copy of policy and critic every `target_update_interval` updates ([dpg]) (Ape-X
-    DPG syncs every 100 batches). On Pendulum, soft updates (tau 0.005 every update) took no
-    fewer updates to solve than hard syncs every 50.
+    Targets: policy and critic synced every `target_update_interval` updates ([dpg]), a hard
+    copy with target_tau 1 (Ape-X DPG: every 100 batches), DDPG's soft update with target_tau
+    0.01 and interval 1.
     """
 
     def __init__(self, build, config, settings, device: torch.device):
@@ -68,9 +69,9 @@ class DPGLearning(Learning):
         self.target.load_state_dict(self.online.state_dict())
         self.target.requires_grad_(False)
         self.critic_optimizer = adam(self.online.critic.parameters(), config.learning_rate)
-        # One learning rate for both (as TD3): on Pendulum a policy rate of half or a tenth of
-        # the critic's solved in no fewer updates.
-        self.policy_optimizer = adam(self.online.policy.parameters(), config.learning_rate)
+        # One learning rate for both by default (as TD3); DDPG's paper: 1e-4 policy, 1e-3 critic.
+        policy_rate = settings.policy_learning_rate or config.learning_rate
+        self.policy_optimizer = adam(self.online.policy.parameters(), policy_rate)
 
     def update(self, batch, weights, step):
         online, target = self.online, self.target
@@ -94,7 +95,7 @@ class DPGLearning(Learning):
         self.policy_optimizer.step()
 
         if step % self.settings.target_update_interval == 0:
-            target.load_state_dict(online.state_dict())
+            sync_target(target, online, self.settings.target_tau)
         figures = {
             "loss": loss.item(),
             "q_mean": q.mean().item(),

@@ -20,6 +20,7 @@ from apexrl.algorithms.base import Adder, Builder, Policy, hidden_sizes
 from apexrl.algorithms.columns import Column, stacked_columns
 from apexrl.algorithms.envs import is_atari
 from apexrl.algorithms.exploration import epsilon_ladder
+from apexrl.algorithms.off_policy import TARGET_TAU_HELP, check_target_tau
 from apexrl.config import ReplayTableConfig, option
 
 TABLE = "default"
@@ -42,6 +43,7 @@ class Settings:
         0.9, "a sequence's priority: eta * max|TD error| + (1 - eta) * mean|TD error|"
     )
     target_update_interval: int = option(2500, "learner updates between target network syncs")
+    target_tau: float = option(1.0, TARGET_TAU_HELP)
     capacity: int = option(100_000, "sequences the replay table holds (per shard)")
     priority_exponent: float = option(
         0.9, "the table's alpha: P(i) = p_i^alpha / sum p^alpha (0: uniform)"
@@ -119,6 +121,7 @@ class R2D2Builder(Builder):
             raise ValueError(f"n_step: must be >= 1, got {s.n_step}")
         if s.lstm_size < 1:
             raise ValueError(f"lstm_size: must be >= 1, got {s.lstm_size}")
+        check_target_tau(s.target_tau)
         if not 0.0 <= s.priority_eta <= 1.0:
             raise ValueError(f"priority_eta: must be in [0, 1], got {s.priority_eta}")
         if not self.spec.discrete:
