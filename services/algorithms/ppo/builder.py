@@ -3,7 +3,8 @@ acted by its current version, and publishes a version after every update; each a
 one unroll per version and then waits for the next.
 
 A2C is the case epochs = 1, minibatches = 1, clip_range = 0 (unclipped: at ratio 1 the
-gradient of ratio * A is that of log pi * A).
+gradient of ratio * A is that of log pi * A). PPO's adaptive KL penalty (Schulman et al. 2017,
+section 4) is kl_target > 0, with the clip or without it (clip_range 0).
 """
 
 from dataclasses import dataclass
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 from apexrl.algorithms.base import ParameterSync
 from apexrl.algorithms.on_policy import TABLE, OnPolicyBuilder, OnPolicySettings
 from apexrl.config import option
+
+KL_COEF_RANGE = (1e-4, 10.0)  # the adaptive coefficient's bounds
 
 
 @dataclass
@@ -24,6 +27,13 @@ class Settings(OnPolicySettings):
     clip_range: float = option(0.2, "the ratio clip epsilon; 0 = unclipped (epochs 1: A2C)")
     epochs: int = option(10, "passes over each fresh batch")
     minibatches: int = option(4, "minibatches per epoch")
+    kl_target: float = option(
+        0.0,
+        "the KL penalty's target KL(pi_old || pi) per update (0: no penalty): the coefficient"
+        " doubles when an update ends above 1.5x it and halves below it / 1.5, and an update"
+        " stops its epochs at a minibatch past 4x it",
+    )
+    kl_coef: float = option(0.5, "the KL penalty's first coefficient (kept within [1e-4, 10])")
 
 
 class PPOBuilder(OnPolicyBuilder):
@@ -35,6 +45,7 @@ class PPOBuilder(OnPolicyBuilder):
         **OnPolicyBuilder.figures,
         "approx_kl": "Approximate KL(pi_old || pi) of the last minibatch.",
         "clip_fraction": "Fraction of the last minibatch's ratios outside the clip range.",
+        "kl_coef": "The KL penalty's coefficient for the next update (0: no penalty).",
     }
 
     @classmethod
@@ -53,6 +64,11 @@ class PPOBuilder(OnPolicyBuilder):
         for name in ("epochs", "minibatches"):
             if getattr(self.settings, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self.settings, name)}")
+        s = self.settings
+        if not s.kl_target >= 0:  # NaN fails too
+            raise ValueError(f"kl_target: must be >= 0 (0: no KL penalty), got {s.kl_target}")
+        if s.kl_target > 0 and not KL_COEF_RANGE[0] <= s.kl_coef <= KL_COEF_RANGE[1]:
+            raise ValueError(f"kl_coef: must be in {list(KL_COEF_RANGE)}, got {s.kl_coef}")
 
     def dataset(self):
         from apexrl.algorithms.datasets import FreshQueue

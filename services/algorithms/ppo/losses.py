@@ -61,6 +61,8 @@ def ppo_loss(
     vf_coef: float = 0.5,
     ent_coef: float = 0.0,
     normalize_advantages: bool = True,
+    old_logits: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO loss on a minibatch and its figures (detached scalars).
 
@@ -71,6 +73,8 @@ def ppo_loss(
                ratio = pi(a) / pi_old(a); clip_range=None is -ratio * A (A2C, see above)
       value:   vf_coef * (returns - V(x))^2
       entropy: -ent_coef * H(pi(. | x))
+      KL penalty: kl_coef * KL(pi_old(. | x) || pi(. | x)), exact over the actions, pi_old
+               given by old_logits (the "kl" figure, with kl_coef 0 too when they are given)
     normalize_advantages: A becomes (A - mean) / (std + 1e-8) over the minibatch (when it
     holds more than one sample).
     """
@@ -84,6 +88,9 @@ def ppo_loss(
     value_loss = F.mse_loss(values, returns)
     entropy = -(log_pi.exp() * log_pi).sum(-1).mean()
     loss = policy_loss + vf_coef * value_loss - ent_coef * entropy
+    kl = None if old_logits is None else kl_divergence(old_logits, log_pi)
+    if kl is not None and kl_coef > 0:
+        loss = loss + kl_coef * kl
 
     with torch.no_grad():
         ratio = torch.exp(log_ratio)
@@ -99,7 +106,25 @@ def ppo_loss(
         "approx_kl": approx_kl,
         "clip_fraction": clip_fraction,
     }
+    if kl is not None:
+        figures["kl"] = kl.detach()
     return loss, figures
+
+
+def kl_divergence(old_logits: torch.Tensor, log_pi: torch.Tensor) -> torch.Tensor:
+    """mean over the samples of KL(pi_old || pi) = sum_a pi_old(a) (log pi_old(a) - log pi(a))."""
+    log_old = torch.log_softmax(old_logits, -1)
+    return (log_old.exp() * (log_old - log_pi)).sum(-1).mean()
+
+
+def adapted_kl_coef(coef: float, kl: float, target: float, bounds: tuple[float, float]) -> float:
+    """The adaptive KL penalty's rule (Schulman et al. 2017, section 4): doubled when the
+    update's KL ends above 1.5x the target, halved below target / 1.5, within bounds."""
+    if kl > 1.5 * target:
+        coef *= 2
+    elif kl < target / 1.5:
+        coef /= 2
+    return min(max(coef, bounds[0]), bounds[1])
 
 
 def normalized(advantages: torch.Tensor) -> torch.Tensor:
