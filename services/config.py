@@ -98,10 +98,11 @@ class AgentConfig:
 
     algorithm: str = option(
         "dqn",
-        "dqn (discrete actions) or dpg (continuous), off-policy from prioritized replay; impala"
-        " or ppo (discrete, on-policy unrolls from a queue table); or 'module:Builder', an"
-        " algorithm defined elsewhere. Its own settings are the config file's [<algorithm>]"
-        " table (`--algorithm NAME --help` lists them)",
+        "off-policy from prioritized replay: dqn or rainbow (discrete actions), dpg"
+        " (continuous), r2d2 (discrete, recurrent sequences), nec (discrete, episodic memory);"
+        " on-policy unrolls from a queue table: impala, ppo or unreal (discrete); or"
+        " 'module:Builder', an algorithm defined elsewhere. Its own settings are the config"
+        " file's [<algorithm>] table (`--algorithm NAME --help` lists them)",
     )
     env: str = option("CartPole-v1", "gymnasium environment id")
     hidden: str = option(
