@@ -98,9 +98,9 @@ class AgentConfig:
 
     algorithm: str = option(
         "dqn",
-        "off-policy from prioritized replay: dqn or rainbow (discrete actions), dpg"
-        " (continuous), r2d2 (discrete, recurrent sequences), nec (discrete, episodic memory);"
-        " on-policy unrolls from a queue table: impala, ppo or unreal (discrete); or"
+        "off-policy from replay: dqn or rainbow (discrete actions), dpg (continuous), r2d2"
+        " (discrete, recurrent sequences), nec (discrete, episodic memory); on-policy unrolls"
+        " from a queue table: impala, ppo or unreal (discrete); or"
         " 'module:Builder', an algorithm defined elsewhere. Its own settings are the config"
         " file's [<algorithm>] table (`--algorithm NAME --help` lists them)",
     )

@@ -143,8 +143,8 @@ class InsertBuffer:
         """Holds a batch while replay is away, merged with the newest held one up to
         HELD_CHUNK_BYTES, in memory of its own (memory.off_heap): thousands of small batches
         in malloc's heap and Python's object pools, between what the actor allocates
-        meanwhile, would stay in its RSS after they have landed (a 25 s partition left an
-        actor 6 MB larger for good)."""
+        meanwhile, would stay in its RSS after they have landed
+        (docs/experiments/soak.md#what-changed-for-the-actors)."""
         newest = self._batches[-1] if len(self._batches) > 1 else None  # [0] may be in flight
         # Chunks of at most a 16th of the limit: dropping the oldest, should it be the one on
         # its way (it may land), costs no more than that.

@@ -55,8 +55,8 @@ class IMPALABuilder(OnPolicyBuilder):
         the learner ~20 steps there, and the queue holds the actors back while it trains).
         On Atari, IMPALA's published learning rate and gradient clip (6e-4 and 40, the Atari
         hyperparameters of Espeholt et al. 2018) and one pass: 2e-3 is a rate for the MLPs, and
-        a CNN's second pass costs the learner the time the actors wait for. docs/benchmarks.md
-        has the figures."""
+        a CNN's second pass costs the learner the time the actors wait for.
+        docs/experiments/local-mode.md has the figures."""
         presets = cls.small_machine(env_id, {"publish_interval": 4})
         presets["impala"] = {"passes": 2}
         if is_atari(env_id):

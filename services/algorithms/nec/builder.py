@@ -54,7 +54,7 @@ class NECBuilder(Builder):
     @classmethod
     def presets(cls, env_id: str) -> dict:
         # Each transition sampled about 16 times, the rate limiter holding the actors back: NEC
-        # is for data efficiency (on CartPole 4 times took 2.5x the env steps; docs/benchmarks.md).
+        # is for data efficiency (on CartPole 4 times took more env steps: docs/benchmarks.md).
         return {"nec": {"samples_per_insert": 16.0, "error_buffer": 8_000.0}}
 
     def check(self) -> None:
