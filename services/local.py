@@ -14,7 +14,6 @@ import logging
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from apexrl import config as cfg
 from apexrl import plot
 from apexrl.algorithms.envs import EnvOptions, is_atari, reward_threshold
+from apexrl.common.ports import free_port
 from apexrl.common.tensorboard import Scalars
 
 log = logging.getLogger(__name__)
@@ -126,13 +126,6 @@ def dump_toml(data: dict) -> str:
                     for entry in entries:
                         lines += ["", f"[[{name}.{key}]]", *assignments(entry)]
     return "\n".join(lines) + "\n"
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now (the OS picks it; a child binds it a moment later)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _die_with_parent() -> None:
