@@ -38,6 +38,26 @@ def test_the_coefficient_stays_within_its_bounds():
     assert adapted_kl_coef(1.5e-4, 0.0, 0.01, KL_COEF_RANGE) == 1e-4
 
 
+def test_on_either_edge_of_the_band_the_coefficient_stays():
+    assert adapted_kl_coef(0.5, 1.5 * 0.01, 0.01, KL_COEF_RANGE) == 0.5
+    assert adapted_kl_coef(0.5, 0.01 / 1.5, 0.01, KL_COEF_RANGE) == 0.5
+
+
+def test_old_logits_alone_report_the_kl_and_leave_the_loss_as_it_was():
+    """kl_coef's default is 0: the "kl" figure without the penalty in the loss."""
+    g = torch.Generator().manual_seed(2)
+    logits, old = torch.randn(8, 3, generator=g), torch.randn(8, 3, generator=g)
+    actions = torch.randint(0, 3, (8,), generator=g)
+    old_log_probs = torch.log_softmax(old, -1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    advantages = torch.randn(8, generator=g)
+    args = (logits, actions, old_log_probs, advantages, torch.zeros(8), torch.ones(8))
+    plain, _ = ppo_loss(*args)
+    reported, figures = ppo_loss(*args, old_logits=old)
+    torch.testing.assert_close(reported, plain)
+    torch.testing.assert_close(figures["kl"], kl_divergence(old, torch.log_softmax(logits, -1)))
+    assert figures["kl"] > 0
+
+
 def test_the_penalty_adds_its_coefficient_times_the_kl_to_the_loss():
     g = torch.Generator().manual_seed(1)
     logits, old = torch.randn(8, 2, generator=g), torch.randn(8, 2, generator=g)

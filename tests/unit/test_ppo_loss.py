@@ -202,3 +202,65 @@ def test_a_ratio_past_float_range_gives_finite_gradients():
         assert torch.isfinite(loss) and torch.isfinite(grad).all()
         # the ordinary step still gets -A r / N
         close(grad[3], torch.tensor(math.exp(0.1) / 4))
+
+
+def test_time_major_logits_give_the_loss_of_the_flattened_batch():
+    """logits [T, B, A] (an unroll) and the same samples as [T * B, A]: the same loss and
+    figures, the KL penalty's included, so every reduction over the actions runs over the
+    last dimension."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 2, 4, generator=generator)
+    old_logits = torch.randn(3, 2, 4, generator=generator)
+    actions = torch.tensor([[0, 3], [2, 1], [3, 3]])
+    old_log_probs = torch.log(torch.tensor([[0.2, 0.3], [0.25, 0.1], [0.4, 0.2]]))
+    advantages = torch.tensor([[1.0, -2.0], [0.5, 3.0], [-1.0, 0.0]])
+    values = torch.tensor([[0.0, 1.0], [2.0, -1.0], [0.5, 0.5]])
+    returns = torch.tensor([[1.0, 1.0], [0.0, 0.0], [2.0, -0.5]])
+    samples = (logits, actions, old_log_probs, advantages, values, returns)
+    loss, figures = ppo_loss(*samples, ent_coef=0.1, old_logits=old_logits, kl_coef=0.3)
+    flat_loss, flat_figures = ppo_loss(
+        *(x.reshape(6, *x.shape[2:]) for x in samples),
+        ent_coef=0.1,
+        old_logits=old_logits.reshape(6, 4),
+        kl_coef=0.3,
+    )
+    close(loss, flat_loss)
+    assert set(figures) == set(flat_figures)
+    for name, value in flat_figures.items():
+        close(figures[name], value)
+
+
+def test_two_advantages_are_normalized_and_near_equal_ones_stay_small():
+    from apexrl.algorithms.ppo.losses import normalized
+
+    # mean 2, std (n - 1) sqrt(2): -1 / sqrt(2), 1 / sqrt(2)
+    close(normalized(torch.tensor([1.0, 3.0])), torch.tensor([-1.0, 1.0]) / math.sqrt(2.0))
+    # std 1e-8 / sqrt(2): the 1e-8 beside it keeps (A - mean) / std from growing past 1.
+    barely = normalized(torch.tensor([0.0, 1e-8], dtype=torch.float64))
+    half_gap = 0.5e-8 / (1e-8 / math.sqrt(2.0) + 1e-8)
+    torch.testing.assert_close(barely, torch.tensor([-half_gap, half_gap], dtype=torch.float64))
+
+
+def test_a_ratio_on_the_clip_range_is_not_counted_as_clipped():
+    """clip(r, 1 - eps, 1 + eps) = r on the range's edge: with eps 0, ratio 1 is there."""
+    logits = torch.tensor([[0.0, 1.0], [2.0, -1.0]])
+    actions = torch.tensor([0, 1])
+    own = torch.log_softmax(logits, -1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    values = torch.zeros(2)
+    advantages = torch.tensor([1.0, -1.0])
+    _, figures = ppo_loss(logits, actions, own, advantages, values, values, clip_range=0.0)
+    close(figures["clip_fraction"], torch.tensor(0.0))
+
+
+def test_the_figures_are_named_as_the_learner_reports_them():
+    args = (torch.zeros(5, 2), ACTIONS, OLD_LOG_PROBS, ADVANTAGES, VALUES_5, RETURNS_5)
+    loss, figures = ppo_loss(*args, normalize_advantages=False)
+    assert set(figures) == {
+        "loss",
+        "policy_loss",
+        "value_loss",
+        "entropy",
+        "approx_kl",
+        "clip_fraction",
+    }
+    close(figures["loss"], loss)
