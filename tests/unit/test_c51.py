@@ -54,6 +54,41 @@ def test_projection_of_a_batch_keeps_rows_apart_and_mass_whole():
     torch.testing.assert_close(got.sum(1), torch.ones(len(CASES)))
 
 
+# A support off 0 whose spacing is not 1, where v_max - v_min, (shifted - v_min) / delta and
+# v_min itself each show in the atoms a return lands between.
+WIDE = torch.tensor([-10.0, -5.0, 0.0, 5.0, 10.0])  # v_min -10, v_max 10, 5 atoms: delta 5
+ODD = torch.tensor([1.0, 3.0, 5.0, 7.0, 9.0])  # v_min 1, v_max 9, 5 atoms: delta 2
+
+OFF_ZERO_CASES = [
+    # (support, next distribution, reward, discount, the projected target by hand)
+    # 2 + 0.9 * 0 = 2, position (2 - -10) / 5 = 2.4: 0.6 at atom 2 (0), 0.4 at atom 3 (5).
+    (WIDE, one_hot(2), 2.0, 0.9, [0, 0, 0.6, 0.4, 0]),
+    # -1 + 0.5 * 5 = 1.5, position 11.5 / 5 = 2.3: 0.7 at atom 2, 0.3 at atom 3.
+    (WIDE, one_hot(3), -1.0, 0.5, [0, 0, 0.7, 0.3, 0]),
+    # -3 + 0.5 * -10 = -8, position 2 / 5 = 0.4: 0.6 at atom 0 (-10), 0.4 at atom 1 (-5).
+    (WIDE, one_hot(0), -3.0, 0.5, [0.6, 0.4, 0, 0, 0]),
+    # 5 + [-10, -5, 0, 5, 10] = [-5, 0, 5, 10, 15], clipped to 10: atoms 1, 2, 3, 4, 4.
+    (WIDE, [0.2] * 5, 5.0, 1.0, [0, 0.2, 0.2, 0.2, 0.4]),
+    # A terminal at -7.5, position 2.5 / 5 = 0.5: halfway between atoms 0 and 1.
+    (WIDE, [0.1, 0.2, 0.3, 0.2, 0.2], -7.5, 0.0, [0.5, 0.5, 0, 0, 0]),
+    # -20 + 0.5 * [-10..10] <= -15: all clipped to atom 0.
+    (WIDE, [0.1, 0.2, 0.3, 0.2, 0.2], -20.0, 0.5, [1, 0, 0, 0, 0]),
+    # 1 + 3 = 4, position (4 - 1) / 2 = 1.5: halfway between atoms 1 (3) and 2 (5).
+    (ODD, one_hot(1), 1.0, 1.0, [0, 0.5, 0.5, 0, 0]),
+    # -0.5 + 0.5 * [1, 3, 5, 7, 9] = [0, 1, 2, 3, 4], the 0 clipped up to 1: positions
+    # [0, 0, 0.5, 1, 1.5], so 0.2 + 0.2 + 0.1 at atom 0, 0.1 + 0.2 + 0.1 at atom 1, 0.1 at 2.
+    (ODD, [0.2] * 5, -0.5, 0.5, [0.5, 0.4, 0.1, 0, 0]),
+]
+
+
+@pytest.mark.parametrize("support, probs, reward, discount, want", OFF_ZERO_CASES)
+def test_projection_by_hand_on_supports_off_zero(support, probs, reward, discount, want):
+    got = project_distribution(
+        torch.tensor([probs]), torch.tensor([reward]), torch.tensor([discount]), support
+    )
+    torch.testing.assert_close(got, torch.tensor([want], dtype=torch.float32))
+
+
 class TableDistribution(nn.Module):
     """Logits[s] as a table, [states, actions, atoms]: distributions computable by hand."""
 
@@ -160,3 +195,25 @@ def test_network_distributions_and_expected_q():
 def test_bad_support_refused(options, setting):
     with pytest.raises(ValueError, match=setting):
         build_network((4,), np.float32, 2, (8,), **options)
+
+
+def test_priorities_are_the_kl_not_the_cross_entropy():
+    """A target with entropy tells the KL (the priority) from the cross-entropy (the loss)."""
+    uniform = [0.2] * 5
+    peaked = [0.1, 0.2, 0.4, 0.2, 0.1]
+    online = TableDistribution([[uniform], [peaked]], SUPPORT)
+    batch = {
+        "obs": torch.tensor([0, 1]),
+        "action": torch.tensor([0, 0]),
+        # Terminals at 2.5: the target m is half at atom 2, half at atom 3, for both items.
+        "reward": torch.tensor([2.5, 2.5]),
+        "discount": torch.tensor([0.0, 0.0]),
+        "next_obs": torch.tensor([0, 0]),
+    }
+    loss, kl, _ = c51_loss(online, online, batch, torch.ones(2))
+    # Cross-entropy -sum m log p: uniform 0.5 * log 5 * 2 = log 5; peaked
+    # -0.5 log 0.4 - 0.5 log 0.2 = 0.5 log 12.5.
+    torch.testing.assert_close(loss, torch.tensor((math.log(5) + 0.5 * math.log(12.5)) / 2))
+    # KL sum m (log m - log p): uniform 2 * 0.5 * log(0.5 / 0.2) = log 2.5; peaked
+    # 0.5 log(0.5 / 0.4) + 0.5 log(0.5 / 0.2) = 0.5 log 3.125.
+    torch.testing.assert_close(kl, torch.tensor([math.log(2.5), 0.5 * math.log(3.125)]))
