@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from apexrl.algorithms.adders.nstep import NStepAdder
-from apexrl.algorithms.adders.sequence import SequenceAdder
+from apexrl.algorithms.adders.sequence import SequenceAdder, check_sequence
 from apexrl.algorithms.adders.unroll import UnrollAdder
 from apexrl.algorithms.base import Step
 from apexrl.algorithms.unreal.adders import RewardWindowAdder
@@ -67,6 +67,12 @@ def test_nstep_takes_vector_actions_and_the_bounds_of_gamma():
          "expected 2 envs, got obs (2, 1) and actions (3,)"),
         (lambda: SequenceAdder(0, 4, 2, (1,), np.float32, 2, 0.9),
          "num_envs: must be >= 1, got 0"),
+        (lambda: SequenceAdder(2, 4, 5, (1,), np.float32, 2, 0.9),
+         "sequence_period: must be 1 to sequence_length (4), got 5 (a larger period would"
+         " leave steps out of every sequence)"),
+        (lambda: check_sequence(4, 2, 4),
+         "burn_in: must be 0 to sequence_length - 1 (3), got 4 (the learner would have no"
+         " step left to learn from)"),
         (lambda: UnrollAdder(0, 3, (1,), np.float32),
          "num_envs and length must be >= 1, got 0, 3"),
         (lambda: UnrollAdder(2, 0, (1,), np.float32),
@@ -140,6 +146,21 @@ def test_one_env_unrolls_of_one_step_are_allowed():
     item = adder.record(np.zeros((1, 1)), np.zeros(1), np.zeros(1), np.ones(1), np.ones(1),
                         np.ones((1, 1)), 3)  # fmt: skip
     assert item["observations"].shape == (1, 2, 1)
+
+
+def test_sequences_of_one_step_every_step_are_allowed():
+    """The smallest settings: length 1, period 1, no burn-in (the adder's default); each step
+    is its own item."""
+    check_sequence(1, 1, 0)
+    check_sequence(4, 1, 3)
+    adder = SequenceAdder(1, 1, 1, (1,), np.float32, state_size=2, gamma=0.9)
+    rewards = []
+    for t in range(3):
+        extras = {"state": np.zeros((1, 2)), "exploration": np.zeros(1)}
+        item = adder.add(step(t, n=1, extras=extras, ends=[t == 2]))
+        assert item["observations"].shape == (1, 2, 1) and item["mask"].tolist() == [[1.0]]
+        rewards.append(item["rewards"].item())
+    assert rewards == [0.0, 10.0, 20.0]
 
 
 def test_reward_windows_mark_rewards_strictly_beyond_the_threshold_in_float32():
