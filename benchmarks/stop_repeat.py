@@ -70,9 +70,20 @@ def main() -> int:
         for algorithm in args.algorithms:
             for order in args.orders:
                 junit = Path(tmp) / f"{algorithm}-{order}.xml"
-                command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", TEST,
-                           "-k", f"{algorithm} and {order}", "--count", str(args.count),
-                           f"--junitxml={junit}"]  # fmt: skip
+                command = [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-p",
+                    "no:cacheprovider",
+                    TEST,
+                    "-k",
+                    f"{algorithm} and {order}",
+                    "--count",
+                    str(args.count),
+                    f"--junitxml={junit}",
+                ]
                 subprocess.run(command, cwd=ROOT, stdout=subprocess.DEVNULL, check=False)
                 found = outcomes(junit) if junit.exists() else []
                 cases += found

@@ -77,6 +77,10 @@ class GrpcClient:
 
     def _retry(self, call: Callable[[], T], what: str) -> T:
         return retry_unavailable(
-            call, f"{self.address} {what}", self.retry_seconds, self.retry_cap, self.stop,
+            call,
+            f"{self.address} {what}",
+            self.retry_seconds,
+            self.retry_cap,
+            self.stop,
             closed=lambda: self.closed,
-        )  # fmt: skip
+        )

@@ -20,8 +20,17 @@ def step(t: int, n: int = 2, actions=None, ends=None, truncated=None, extras=Non
     truncated = np.zeros(n, bool) if truncated is None else np.asarray(truncated)
     final = np.where((ends | truncated)[:, None], 100.0, obs + 1)
     actions = np.arange(n, dtype=np.int32) if actions is None else actions
-    return Step(obs, actions, extras or {}, 10.0 * t + np.arange(n, dtype=np.float64), ends,
-                truncated, obs + 1, final, 7)  # fmt: skip
+    return Step(
+        obs,
+        actions,
+        extras or {},
+        10.0 * t + np.arange(n, dtype=np.float64),
+        ends,
+        truncated,
+        obs + 1,
+        final,
+        7,
+    )
 
 
 def dtypes(item: dict[str, np.ndarray]) -> dict[str, str]:
@@ -57,28 +66,43 @@ def test_nstep_takes_vector_actions_and_the_bounds_of_gamma():
     "make, message",
     [
         (lambda: NStepAdder(0, 3, 0.9), "num_envs must be >= 1, got 0"),
-        (lambda: NStepAdder(2, 3, 0.9).record(np.zeros((2, 1)), np.zeros(2), np.zeros(2),
-                                               np.zeros(2, bool), np.zeros(2, bool),
-                                               np.zeros((2, 2))),
-         "next_obs shape (2, 2) differs from obs shape (2, 1)"),
-        (lambda: NStepAdder(2, 3, 0.9).record(np.zeros((2, 1)), np.zeros(3), np.zeros(2),
-                                               np.zeros(2, bool), np.zeros(2, bool),
-                                               np.zeros((2, 1))),
-         "expected 2 envs, got obs (2, 1) and actions (3,)"),
-        (lambda: SequenceAdder(0, 4, 2, (1,), np.float32, 2, 0.9),
-         "num_envs: must be >= 1, got 0"),
-        (lambda: SequenceAdder(2, 4, 5, (1,), np.float32, 2, 0.9),
-         "sequence_period: must be 1 to sequence_length (4), got 5 (a larger period would"
-         " leave steps out of every sequence)"),
-        (lambda: check_sequence(4, 2, 4),
-         "burn_in: must be 0 to sequence_length - 1 (3), got 4 (the learner would have no"
-         " step left to learn from)"),
-        (lambda: UnrollAdder(0, 3, (1,), np.float32),
-         "num_envs and length must be >= 1, got 0, 3"),
-        (lambda: UnrollAdder(2, 0, (1,), np.float32),
-         "num_envs and length must be >= 1, got 2, 0"),
+        (
+            lambda: NStepAdder(2, 3, 0.9).record(
+                np.zeros((2, 1)),
+                np.zeros(2),
+                np.zeros(2),
+                np.zeros(2, bool),
+                np.zeros(2, bool),
+                np.zeros((2, 2)),
+            ),
+            "next_obs shape (2, 2) differs from obs shape (2, 1)",
+        ),
+        (
+            lambda: NStepAdder(2, 3, 0.9).record(
+                np.zeros((2, 1)),
+                np.zeros(3),
+                np.zeros(2),
+                np.zeros(2, bool),
+                np.zeros(2, bool),
+                np.zeros((2, 1)),
+            ),
+            "expected 2 envs, got obs (2, 1) and actions (3,)",
+        ),
+        (lambda: SequenceAdder(0, 4, 2, (1,), np.float32, 2, 0.9), "num_envs: must be >= 1, got 0"),
+        (
+            lambda: SequenceAdder(2, 4, 5, (1,), np.float32, 2, 0.9),
+            "sequence_period: must be 1 to sequence_length (4), got 5 (a larger period would"
+            " leave steps out of every sequence)",
+        ),
+        (
+            lambda: check_sequence(4, 2, 4),
+            "burn_in: must be 0 to sequence_length - 1 (3), got 4 (the learner would have no"
+            " step left to learn from)",
+        ),
+        (lambda: UnrollAdder(0, 3, (1,), np.float32), "num_envs and length must be >= 1, got 0, 3"),
+        (lambda: UnrollAdder(2, 0, (1,), np.float32), "num_envs and length must be >= 1, got 2, 0"),
     ],
-)  # fmt: skip
+)
 def test_bad_arguments_are_refused_word_for_word(make, message):
     with pytest.raises(ValueError) as caught:
         make()
@@ -100,8 +124,7 @@ def test_sequence_items_carry_their_columns_dtypes():
         out = adder.add(step(t, extras=extras, ends=[t == 1, False]))
         items = out if out is not None else items
     got = dtypes(items)
-    for name in ("rewards", "discounts", "mask", "state", "exploration", "last_state",
-                 "acting_q"):  # fmt: skip
+    for name in ("rewards", "discounts", "mask", "state", "exploration", "last_state", "acting_q"):
         assert got[name] == "float32", name
     assert got["actions"] == "int64"
     np.testing.assert_allclose(items["exploration"], 0.25)
@@ -143,8 +166,9 @@ def test_unroll_add_bootstraps_truncations_from_the_values_and_keeps_the_log_pro
 
 def test_one_env_unrolls_of_one_step_are_allowed():
     adder = UnrollAdder(1, 1, (1,), np.float32)
-    item = adder.record(np.zeros((1, 1)), np.zeros(1), np.zeros(1), np.ones(1), np.ones(1),
-                        np.ones((1, 1)), 3)  # fmt: skip
+    item = adder.record(
+        np.zeros((1, 1)), np.zeros(1), np.zeros(1), np.ones(1), np.ones(1), np.ones((1, 1)), 3
+    )
     assert item["observations"].shape == (1, 2, 1)
 
 
@@ -180,6 +204,12 @@ def test_reward_windows_mark_rewards_strictly_beyond_the_threshold_in_float32():
 def test_nstep_items_keep_the_observations_dtype(obs_dtype):
     adder = NStepAdder(2, 1, 0.9)
     s = step(0)
-    item = adder.record(s.obs.astype(obs_dtype), s.actions, s.rewards, s.ends, s.truncated,
-                        s.final_obs.astype(obs_dtype))  # fmt: skip
+    item = adder.record(
+        s.obs.astype(obs_dtype),
+        s.actions,
+        s.rewards,
+        s.ends,
+        s.truncated,
+        s.final_obs.astype(obs_dtype),
+    )
     assert item["obs"].dtype == item["next_obs"].dtype == obs_dtype

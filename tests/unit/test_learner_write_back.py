@@ -37,8 +37,9 @@ class TableReplay:
     def sample(self, batch_size: int, beta: float) -> SampledBatch:
         self.betas.append(beta)
         result = self.table.sample(batch_size, beta)
-        return SampledBatch(result.columns, result.keys, result.probabilities, result.weights,
-                            result.table_size)  # fmt: skip
+        return SampledBatch(
+            result.columns, result.keys, result.probabilities, result.weights, result.table_size
+        )
 
     def sample_stream(self, batch_size: int, beta: float):
         while True:
@@ -74,15 +75,25 @@ def trained_once(beta: float, priorities: np.ndarray):
     """A dqn Learner that made one update of a batch sampled from a table of `transitions` with
     initial `priorities`: (learner, replay, items, networks before the update, the batch and
     weights the update step got)."""
-    config = LearnerConfig(algorithm="dqn", env="CartPole-v1", hidden="8", batch_size=ITEMS,
-                           beta=beta, max_updates=1, prefetch=1, threads=1, seed=3)  # fmt: skip
+    config = LearnerConfig(
+        algorithm="dqn",
+        env="CartPole-v1",
+        hidden="8",
+        batch_size=ITEMS,
+        beta=beta,
+        max_updates=1,
+        prefetch=1,
+        threads=1,
+        seed=3,
+    )
     builder = algorithms.make(config)
     table = make_table(builder.tables()[0], max_batch_size=ITEMS, seed=7)
     items = transitions(np.random.default_rng(0))
     table.insert(items, priorities.astype(np.float64))
     replay = TableReplay(table)
-    learner = Learner(config, builder, LearnerMetrics(prometheus_client.CollectorRegistry()),
-                      ParameterStore())  # fmt: skip
+    learner = Learner(
+        config, builder, LearnerMetrics(prometheus_client.CollectorRegistry()), ParameterStore()
+    )
     before = copy.deepcopy(learner.learning.online), copy.deepcopy(learner.learning.target)
     seen = []
     update = learner.learning.update
@@ -159,11 +170,13 @@ def test_every_dataset_asks_the_replay_for_the_beta_it_is_given(dataset):
 def learner_with(publish_interval: int, **dataset) -> tuple[Learner, list, dict]:
     """A dqn Learner whose update step returns the TD errors and figures the test gives it:
     (learner, the steps it was called with, the registry's sample of a metric)."""
-    config = LearnerConfig(algorithm="dqn", env="CartPole-v1", hidden="8",
-                           publish_interval=publish_interval, threads=1)  # fmt: skip
+    config = LearnerConfig(
+        algorithm="dqn", env="CartPole-v1", hidden="8", publish_interval=publish_interval, threads=1
+    )
     registry = prometheus_client.CollectorRegistry()
-    learner = Learner(config, algorithms.make(config), LearnerMetrics(registry, {"q_mean": "q"}),
-                      ParameterStore())  # fmt: skip
+    learner = Learner(
+        config, algorithms.make(config), LearnerMetrics(registry, {"q_mean": "q"}), ParameterStore()
+    )
     for name, value in dataset.items():
         setattr(learner.dataset, name, value)
     steps = []

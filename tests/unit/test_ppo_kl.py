@@ -63,8 +63,14 @@ def test_the_penalty_adds_its_coefficient_times_the_kl_to_the_loss():
     logits, old = torch.randn(8, 2, generator=g), torch.randn(8, 2, generator=g)
     actions = torch.randint(0, 2, (8,), generator=g)
     old_log_probs = torch.log_softmax(old, -1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
-    args = (logits, actions, old_log_probs, torch.randn(8, generator=g), torch.zeros(8),
-            torch.ones(8))  # fmt: skip
+    args = (
+        logits,
+        actions,
+        old_log_probs,
+        torch.randn(8, generator=g),
+        torch.zeros(8),
+        torch.ones(8),
+    )
     plain, _ = ppo_loss(*args)
     penalized, figures = ppo_loss(*args, old_logits=old, kl_coef=0.7)
     kl = kl_divergence(old, torch.log_softmax(logits, -1))

@@ -133,9 +133,13 @@ def test_what_burn_in_steps_hold_changes_nothing_the_learner_does(one_thread):
     """The burn-in steps only warm up the state: changing their rewards, actions and discounts
     leaves the priorities and the networks after an update exactly as they were."""
     settings = algorithms.get("r2d2").Settings(
-        sequence_length=6, sequence_period=3, burn_in=2, n_step=3, lstm_size=8,
+        sequence_length=6,
+        sequence_period=3,
+        burn_in=2,
+        n_step=3,
+        lstm_size=8,
         target_update_interval=1,
-    )  # fmt: skip
+    )
     config = LearnerConfig(algorithm="r2d2", env=MASKED_CARTPOLE, hidden="16", algo=settings)
     torch.manual_seed(0)
     learning = algorithms.make(config).learning(config, torch.device("cpu"))
@@ -237,9 +241,13 @@ def test_the_learner_learns_what_the_burned_in_state_remembers(one_thread):
     """Fails when the loss's sign flips, when the burn-in hands over no state (the cue is then
     unknown), or when padding is learned from (its rewards of 50 pull every Q-value up)."""
     settings = algorithms.get("r2d2").Settings(
-        sequence_length=6, sequence_period=3, burn_in=2, n_step=1, lstm_size=8,
+        sequence_length=6,
+        sequence_period=3,
+        burn_in=2,
+        n_step=1,
+        lstm_size=8,
         target_update_interval=1,
-    )  # fmt: skip
+    )
     config = LearnerConfig(algorithm="r2d2", env=MASKED_CARTPOLE, hidden="16", algo=settings,
                            learning_rate=1e-2)  # fmt: skip
     torch.manual_seed(0)

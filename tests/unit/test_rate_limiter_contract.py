@@ -17,8 +17,11 @@ def test_settings_are_stored_as_plain_int_and_floats():
     assert type(limiter.min_size_to_sample) is int and limiter.min_size_to_sample == 3
     assert type(limiter.samples_per_insert) is float and limiter.samples_per_insert == 2.0
     assert type(limiter.error_buffer) is float and limiter.error_buffer == 4.0
-    assert limiter.to_json() == {"min_size_to_sample": 3, "samples_per_insert": 2.0,
-                                 "error_buffer": 4.0}  # fmt: skip
+    assert limiter.to_json() == {
+        "min_size_to_sample": 3,
+        "samples_per_insert": 2.0,
+        "error_buffer": 4.0,
+    }
 
 
 @pytest.mark.parametrize(
@@ -29,11 +32,13 @@ def test_settings_are_stored_as_plain_int_and_floats():
         ({"error_buffer": math.nan}, "error_buffer must be finite and >= 0, got nan"),
         ({"error_buffer": math.inf}, "error_buffer must be finite and >= 0, got inf"),
         ({"error_buffer": "1"}, "error_buffer must be finite and >= 0, got '1'"),
-        ({"samples_per_insert": 1.0, "error_buffer": 0.0},
-         "error_buffer must be > 0 when samples_per_insert > 0, got 0.0 (a zero-width window"
-         " would let neither side move)"),
+        (
+            {"samples_per_insert": 1.0, "error_buffer": 0.0},
+            "error_buffer must be > 0 when samples_per_insert > 0, got 0.0 (a zero-width window"
+            " would let neither side move)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_settings_are_refused_word_for_word(settings, message):
     with pytest.raises(ValueError) as caught:
         RateLimiter(**settings)

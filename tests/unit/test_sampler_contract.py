@@ -16,8 +16,15 @@ SIGNATURE = [ColumnSpec("x", np.dtype(np.int64), ())]
 
 
 def table(sampler: str, max_times_sampled: int = 0, capacity: int = 8) -> Table:
-    return Table("replay-t", capacity, sampler=sampler, remover="fifo",
-                 max_times_sampled=max_times_sampled, signature=SIGNATURE, seed=1)  # fmt: skip
+    return Table(
+        "replay-t",
+        capacity,
+        sampler=sampler,
+        remover="fifo",
+        max_times_sampled=max_times_sampled,
+        signature=SIGNATURE,
+        seed=1,
+    )
 
 
 def insert(t: Table, priorities) -> None:
@@ -27,10 +34,15 @@ def insert(t: Table, priorities) -> None:
 
 @pytest.mark.parametrize(
     "sampler, priorities",
-    [("prioritized", [1.0, 2.0, 3.0]), ("uniform", [1.0, 1.0, 1.0]),
-     ("balanced", [1.0, 0.5, 0.5]), ("balanced", [0.5, 0.5, 0.5]),
-     ("fifo", [1.0, 1.0, 1.0]), ("lifo", [1.0, 1.0, 1.0])],
-)  # fmt: skip
+    [
+        ("prioritized", [1.0, 2.0, 3.0]),
+        ("uniform", [1.0, 1.0, 1.0]),
+        ("balanced", [1.0, 0.5, 0.5]),
+        ("balanced", [0.5, 0.5, 0.5]),
+        ("fifo", [1.0, 1.0, 1.0]),
+        ("lifo", [1.0, 1.0, 1.0]),
+    ],
+)
 def test_every_sampler_returns_float64_probabilities_and_float32_weights(sampler, priorities):
     """The wire carries the dtypes a batch has: weights are float32 and probabilities float64,
     for each sampler (and both of balanced's cases: two classes, one)."""
@@ -79,8 +91,16 @@ def test_held_keys_equal_a_brute_force_scan(newest):
     held = np.concatenate([[0, 1, 2], [2600, 2601], rng.choice(np.arange(4000, 9000), 300)])
     slot_keys[held % capacity] = held
     slot_keys[2000] = 7000  # a slot reused by a newer key: 2000 is not held
-    for start, stop, count in [(0, 9000, 5), (0, 9000, 400), (0, 2602, 4), (2, 2601, 2),
-                               (3, 2600, 10), (4000, 4001, 1), (0, 2600, 3), (5, 5, 3)]:  # fmt: skip
+    for start, stop, count in [
+        (0, 9000, 5),
+        (0, 9000, 400),
+        (0, 2602, 4),
+        (2, 2601, 2),
+        (3, 2600, 10),
+        (4000, 4001, 1),
+        (0, 2600, 3),
+        (5, 5, 3),
+    ]:
         got = held_keys(slot_keys, start, stop, count, newest)
         assert got.dtype == np.int64 and got.ndim == 1
         assert got.tolist() == brute_force(slot_keys, start, stop, count, newest), (start, stop)

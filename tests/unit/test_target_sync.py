@@ -41,9 +41,12 @@ def test_tau_one_is_a_hard_copy():
 
 def make(algorithm: str, env: str, **settings):
     config = LearnerConfig(
-        algorithm=algorithm, env=env, algo=algorithms.get(algorithm).Settings(**settings),
-        learning_rate=1e-2, hidden="16",
-    )  # fmt: skip
+        algorithm=algorithm,
+        env=env,
+        algo=algorithms.get(algorithm).Settings(**settings),
+        learning_rate=1e-2,
+        hidden="16",
+    )
     return algorithms.make(config), config
 
 
