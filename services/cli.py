@@ -136,6 +136,12 @@ def evaluate(argv: list[str]) -> None:
     sys.exit(play.main(argv))
 
 
+def tables(argv: list[str]) -> None:
+    from apexrl import replay_tables
+
+    replay_tables.main(argv)
+
+
 def plot(argv: list[str]) -> None:
     from apexrl import plot as plotting
 
@@ -149,6 +155,7 @@ COMMANDS = {
     "actor": (actor, "acts in gymnasium envs, inserts the algorithm's items into replay"),
     "evaluator": (evaluator, "plays the newest parameters greedily, reports returns"),
     "eval": (evaluate, "plays a learner checkpoint greedily and prints the returns"),
+    "tables": (tables, "a config file's [[replay.tables]], from its algorithm's settings"),
     "plot": (plot, "overlays local-mode runs' learning curves in one PNG"),
 }
 

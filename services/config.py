@@ -24,9 +24,12 @@ from apexrl.config_parsing import (  # noqa: F401
 )
 
 
-def option(default: Any, help: str) -> Any:
-    """A config field with its documentation."""
-    return field(default=default, metadata={"help": help})
+def option(default: Any, help: str, schedule: bool = False) -> Any:
+    """A config field with its documentation; `schedule`: a number the learner may change over
+    a run, given a schedule (schedules.py) instead of a number."""
+    if schedule:
+        help += " (a number, or a schedule: docs/algorithms.md#schedules)"
+    return field(default=default, metadata={"help": help, "schedule": schedule})
 
 
 @dataclass
@@ -131,12 +134,12 @@ def file_option(help: str) -> Any:
 
 
 @dataclass
-class ReplayTableConfig:
-    """One `[[replay.tables]]` entry: a table in Reverb's vocabulary (replay/samplers.py and the
-    file comment of protos/apexrl/v1/replay.proto have the semantics)."""
+class TableFields:
+    """A replay table's settings but its name, in Reverb's vocabulary (replay/samplers.py and the
+    file comment of protos/apexrl/v1/replay.proto have the semantics): each `[[replay.tables]]`
+    entry's keys, and the replay's flat settings of its one table when it has no entries."""
 
-    name: str = option("", "table name (required, unique in the server)")
-    capacity: int = option(1_000_000, "items the table holds")
+    capacity: int = option(1_000_000, "items the table holds; at capacity the remover acts")
     sampler: str = option(
         "prioritized",
         "prioritized, uniform, fifo (oldest first), lifo or balanced (half of a batch marked)",
@@ -145,17 +148,35 @@ class ReplayTableConfig:
         "fifo", "at capacity: fifo (evict the oldest) or none (inserts wait: a queue)"
     )
     max_times_sampled: int = option(0, "an item leaves after this many samples (0: never)")
-    alpha: float = option(0.6, "prioritized: P(i) = p_i^alpha / sum p^alpha")
+    alpha: float = option(0.6, "priority exponent: P(i) = p_i^alpha / sum p^alpha; 0 is uniform")
     rate_limiter: str = option(
-        "ratio", "ratio (the three settings below) or queue (remover none: wait for room/items)"
+        "ratio",
+        "ratio (min_size_to_sample, samples_per_insert, error_buffer) or queue (remover none:"
+        " inserts wait for room, samples for a whole batch)",
     )
     min_size_to_sample: int = option(1000, "ratio: sampling waits until the table holds this many")
-    samples_per_insert: float = option(0.0, "ratio: target sampled items per inserted item")
-    error_buffer: float = option(0.0, "ratio: allowed deviation from samples_per_insert")
-    signature: str = option("", "column specs as for the replay's --signature")
+    samples_per_insert: float = option(
+        0.0, "ratio: target sampled items per inserted item (0 disables the ratio)"
+    )
+    error_buffer: float = option(
+        0.0, "ratio: allowed deviation from samples_per_insert, in samples"
+    )
+    signature: str = option(
+        "",
+        "column specs 'name:dtype:d0xd1,...' e.g. 'obs:float32:4,action:int64:' (empty: fixed by"
+        " the first insert)",
+    )
 
 
-_RATIO_ONLY = ("min_size_to_sample", "samples_per_insert", "error_buffer")
+@dataclass
+class ReplayTableConfig(TableFields):
+    """One `[[replay.tables]]` entry: a named table."""
+
+    name: str = option("", "table name (required, unique in the server)")
+
+
+# The settings of a ratio rate limiter (a queue has none).
+RATIO_ONLY = ("min_size_to_sample", "samples_per_insert", "error_buffer")
 
 
 def replay_table_configs(entries: list[dict], where: str = "[[replay.tables]]"):
@@ -175,7 +196,7 @@ def replay_table_configs(entries: list[dict], where: str = "[[replay.tables]]"):
         if name in {t.name for t in tables}:
             raise ValueError(f"{where}: table {name!r} is declared twice")
         if entry.get("rate_limiter") == "queue":
-            for key in _RATIO_ONLY:
+            for key in RATIO_ONLY:
                 if key in entry:
                     raise ValueError(
                         f"{where}: table {name!r}: {key} applies to rate_limiter 'ratio' only"
@@ -188,42 +209,14 @@ def replay_table_configs(entries: list[dict], where: str = "[[replay.tables]]"):
 
 
 @dataclass
-class ReplayConfig(ServeConfig):
+class ReplayConfig(ServeConfig, TableFields):
     """apexrl replay: experience replay server (prioritized tables, uniform ones, queues)."""
 
     tables: list = file_option(
-        "config file only: a [[replay.tables]] array, one entry per table (keys: those of"
-        " ReplayTableConfig); absent: one table from the flat settings table, capacity, alpha,"
-        " signature, min_size_to_sample, samples_per_insert, error_buffer"
+        "config file only: a [[replay.tables]] array, one entry per table (keys: name and the"
+        " table settings below); absent: one table, `table`, from the flat table settings"
     )
     table: str = option("default", "table name")
-    capacity: int = option(1_000_000, "items the table holds; FIFO eviction beyond")
-    sampler: str = option(
-        "prioritized",
-        "prioritized, uniform, fifo (oldest first), lifo or balanced (half of a batch marked)",
-    )
-    remover: str = option(
-        "fifo", "at capacity: fifo (evict the oldest) or none (inserts wait: a queue)"
-    )
-    max_times_sampled: int = option(0, "an item leaves after this many samples (0: never)")
-    rate_limiter: str = option(
-        "ratio",
-        "ratio (min_size_to_sample, samples_per_insert, error_buffer) or queue (remover none:"
-        " inserts wait for room, samples for a whole batch)",
-    )
-    alpha: float = option(0.6, "priority exponent: P(i) = p_i^alpha / sum p^alpha; 0 is uniform")
-    signature: str = option(
-        "",
-        "column specs 'name:dtype:d0xd1,...' e.g. 'obs:float32:4,action:int64:' "
-        "(empty: fixed by the first insert)",
-    )
-    min_size_to_sample: int = option(1000, "sampling waits until the table holds this many items")
-    samples_per_insert: float = option(
-        0.0, "rate limiter: target sampled items per inserted item (0 disables the ratio)"
-    )
-    error_buffer: float = option(
-        0.0, "rate limiter: allowed deviation from samples_per_insert, in samples"
-    )
     max_batch_size: int = option(65_536, "largest insert or sample batch, in items")
     checkpoint_dir: str = option("", "directory for checkpoints (empty: no checkpoints)")
     checkpoint_interval: float = option(
@@ -238,14 +231,20 @@ class ReplayConfig(ServeConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.tables:  # the flat settings are a table of their own: not both
+            for f in [*dataclasses.fields(TableFields), ReplayConfig.__dataclass_fields__["table"]]:
+                if getattr(self, f.name) != f.default:
+                    raise ValueError(
+                        f"{f.name}: a flat table setting beside [[replay.tables]]; set it in"
+                        " its table's entry"
+                    )
         self.table_configs()  # a bad [[replay.tables]] array fails here, naming the table
 
     def table_configs(self) -> list[ReplayTableConfig]:
         """The server's tables: the [[replay.tables]] entries, else one from the flat settings."""
         if self.tables:
             return replay_table_configs(self.tables)
-        # Every table setting but the name has a flat setting of the same name.
-        names = [f.name for f in dataclasses.fields(ReplayTableConfig) if f.name != "name"]
+        names = [f.name for f in dataclasses.fields(TableFields)]
         return [ReplayTableConfig(name=self.table, **{n: getattr(self, n) for n in names})]
 
 
@@ -265,9 +264,11 @@ class LearnerConfig(AgentConfig, ClientTLSConfig, ServeConfig):
         "auto", "torch device: auto (CUDA when present, else CPU), cpu, cuda, cuda:N"
     )
     batch_size: int = option(256, "items (transitions, unrolls) per update")
-    learning_rate: float = option(2e-3, "Adam learning rate")
+    learning_rate: float = option(2e-3, "Adam learning rate", schedule=True)
     max_grad_norm: float = option(10.0, "gradient norm clipping")
-    beta: float = option(0.4, "importance-sampling exponent sent with each sample request")
+    beta: float = option(
+        0.4, "importance-sampling exponent of prioritized sampling (PER's beta)", schedule=True
+    )
     publish_interval: int = option(
         10,
         "updates between parameter versions for actors (an algorithm whose batches must come"

@@ -13,7 +13,28 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def convert(value: Any, kind: type, name: str) -> Any:
+def number_or_schedule(value: Any, name: str) -> float:
+    """A setting that takes a schedule (config.option(schedule=True)): a number, or a schedule
+    (schedules.Schedule: a float whose value is its start) from its inline table or text."""
+    from apexrl import schedules
+
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and not value.strip().startswith("{"):
+        return convert(value, float, name)
+    return schedules.parse(value, name)
+
+
+def convert(value: Any, kind: Any, name: str) -> Any:
+    if kind is number_or_schedule:
+        return number_or_schedule(value, name)
+    if kind in (int, float) and (
+        isinstance(value, dict) or (isinstance(value, str) and value.strip().startswith("{"))
+    ):
+        raise ValueError(
+            f"{name}: cannot change during a run: a number, not a schedule (the settings that"
+            " take one say so in their help)"
+        )
     if kind is bool and isinstance(value, str):
         lowered = value.strip().lower()
         if lowered not in {"1", "0", "true", "false", "yes", "no"}:
@@ -54,6 +75,8 @@ def _add_flags(parser, fields: list) -> None:
             parser.add_argument(
                 flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
             )
+        elif f.metadata.get("schedule"):  # converted by parse(), which names the setting
+            parser.add_argument(flag, default=f.default, help=help_text)
         else:
             parser.add_argument(flag, type=f.type, default=f.default, help=help_text)
 
@@ -173,7 +196,7 @@ def parse(
             if env_name(name) in os.environ:
                 target[name] = convert(os.environ[env_name(name)], kind, env_name(name))
             if name in explicit:
-                target[name] = getattr(args, name)
+                target[name] = convert(getattr(args, name), kind, name)
     if settings is not None:
         values["algo"] = settings[1](**algo)
     return cls(**values)
@@ -183,10 +206,15 @@ def settings_fields(settings_class: type) -> dict[str, type]:
     return {f.name: f.type for f in _fields(settings_class)}
 
 
-def _kinds(cls: type | None) -> dict[str, type]:
+def _kinds(cls: type | None) -> dict[str, Any]:
+    """Each setting's converter: its type, or number_or_schedule for one that takes a schedule."""
     if cls is None:
         return {}
-    return {f.name: f.type for f in _fields(cls) if not f.metadata.get("file_only")}
+    return {
+        f.name: number_or_schedule if f.metadata.get("schedule") else f.type
+        for f in _fields(cls)
+        if not f.metadata.get("file_only")
+    }
 
 
 def _values(cls: type, data: dict, section: str, path: str, parser) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import tomli_w
 from prometheus_client.parser import text_string_to_metric_families
 
 from apexrl import config as cfg
@@ -30,6 +31,8 @@ from apexrl import plot
 from apexrl.algorithms.envs import EnvOptions, is_atari, reward_threshold
 from apexrl.common.ports import free_port
 from apexrl.common.tensorboard import Scalars
+from apexrl.replay_tables import entry as table_entry
+from apexrl.schedules import Schedule
 
 log = logging.getLogger(__name__)
 
@@ -91,12 +94,9 @@ def replay_tables(config: cfg.AgentConfig, shards: int) -> list[dict]:
         raise ValueError(f"replay_shards: must be >= 1, got {shards}")
     tables = []
     for table in algorithms.make(config).tables():
-        entry = dataclasses.asdict(table)
+        entry = table_entry(table)
         entry["capacity"] = math.ceil(table.capacity / shards)
-        if table.rate_limiter == "queue":
-            for name in ("min_size_to_sample", "samples_per_insert", "error_buffer"):
-                del entry[name]
-        else:
+        if table.rate_limiter == "ratio":
             entry["min_size_to_sample"] = math.ceil(table.min_size_to_sample / shards)
             entry["error_buffer"] = table.error_buffer / shards
         tables.append(entry)
@@ -104,28 +104,18 @@ def replay_tables(config: cfg.AgentConfig, shards: int) -> list[dict]:
 
 
 def dump_toml(data: dict) -> str:
-    """Writes tables of strings, numbers and booleans, and arrays of such tables in a table
-    (all our configs need)."""
+    """A config as TOML text (a schedule as its table: schedules.py)."""
 
-    def value(v) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, str):
-            return json.dumps(v)
-        return repr(v)
+    def plain(value):
+        if isinstance(value, Schedule):
+            return value.table()
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [plain(v) for v in value]
+        return value
 
-    def assignments(table: dict) -> list[str]:
-        return [f"{k} = {value(v)}" for k, v in table.items() if not isinstance(v, dict | list)]
-
-    lines = assignments(data)
-    for name, table in data.items():
-        if isinstance(table, dict):
-            lines += ["", f"[{name}]", *assignments(table)]
-            for key, entries in table.items():
-                if isinstance(entries, list):
-                    for entry in entries:
-                        lines += ["", f"[[{name}.{key}]]", *assignments(entry)]
-    return "\n".join(lines) + "\n"
+    return tomli_w.dumps(plain(data))
 
 
 def _die_with_parent() -> None:

@@ -205,9 +205,9 @@ def serving_in_thread(config, service, registry) -> Iterator[dict]:
 @contextmanager
 def in_process_replay(tmp_path: Path, **settings) -> Iterator[InProcessReplay]:
     ready = tmp_path / f"ready-{time.monotonic_ns()}.json"
-    defaults = dict(
-        host="127.0.0.1", port=0, metrics_port=0, min_size_to_sample=1, grace_seconds=2.0
-    )
+    defaults = dict(host="127.0.0.1", port=0, metrics_port=0, grace_seconds=2.0)
+    if not settings.get("tables"):  # the flat settings are its one table
+        defaults["min_size_to_sample"] = 1
     config = ReplayConfig(**{**defaults, **settings, "ready_file": str(ready)})
     registry = prometheus_client.CollectorRegistry()
     service, servicer = replay_server.build(config, registry)

@@ -126,6 +126,9 @@ class UnrollLearning(Learning):
             return torch.optim.RMSprop(self.net.parameters(), lr, alpha=0.99, eps=eps, foreach=True)
         return adam(self.net.parameters(), lr, eps=eps)
 
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.optimizer]
+
     def forward(self, batch: dict[str, torch.Tensor]):
         """logits [T, B, A], values [T, B] and the bootstrap values [B] of a batch of unrolls."""
         obs = batch["observations"]

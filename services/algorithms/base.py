@@ -29,6 +29,7 @@ ALGORITHMS, its tests. docs/algorithms.md walks through one.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -38,7 +39,9 @@ import numpy as np
 # Re-exported: the columns live in columns.py.
 from apexrl.algorithms.columns import Column, action_bounds, nstep_columns  # noqa: F401
 from apexrl.algorithms.envs import EnvSpec
+from apexrl.algorithms.tables import TABLE
 from apexrl.config import ReplayTableConfig
+from apexrl.schedules import Schedule
 
 if TYPE_CHECKING:
     import torch
@@ -135,6 +138,13 @@ class Learning(ABC):
         epsilon; None when the table is not prioritized) and the figures the builder declares
         (Builder.figures), by name; "loss" always."""
 
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """Its optimizers, whose learning rates a `learning_rate` schedule moves (default:
+        every optimizer among its attributes)."""
+        import torch
+
+        return [v for v in vars(self).values() if isinstance(v, torch.optim.Optimizer)]
+
     @abstractmethod
     def parameters(self) -> dict[str, np.ndarray]:
         """The parameters actors and evaluators need (float32 numpy, copied)."""
@@ -186,6 +196,14 @@ class Builder(ABC):
                 f" {type(self.settings).__name__}"
             )
         self.check()
+        for f in dataclasses.fields(self.settings):  # a schedule's every point checked too
+            schedule = getattr(self.settings, f.name)
+            for _, value in schedule.points if isinstance(schedule, Schedule) else ():
+                setattr(self.settings, f.name, value)
+                try:
+                    self.check()
+                finally:
+                    setattr(self.settings, f.name, schedule)
 
     def check(self) -> None:  # noqa: B027 (a hook: most builders have nothing to refuse)
         """Refuses an env or settings the algorithm cannot run (ValueError naming the setting)."""
@@ -200,10 +218,12 @@ class Builder(ABC):
     def columns(self) -> list[Column]:
         """The columns of the items actors insert and the learner samples."""
 
-    @abstractmethod
     def tables(self) -> list[ReplayTableConfig]:
-        """The replay tables the algorithm needs, by name (local mode configures the replay
-        from them; the learner refuses a replay whose tables differ)."""
+        """The replay tables the algorithm needs, by name (local mode and `apexrl tables`
+        configure the replay from them; the learner refuses a replay whose tables differ).
+        Default: adder's table (algorithms/tables.py's TABLE), from the table settings the
+        algorithm's Settings inherit."""
+        return [self.settings.table(TABLE, self.columns())]
 
     @abstractmethod
     def exploration(self, index: int, count: int) -> float:

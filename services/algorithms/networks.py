@@ -168,6 +168,9 @@ class TargetNetworkLearning:
         """Made on first use (see adam)."""
         return adam(self.online.parameters(), self.config.learning_rate)
 
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.optimizer]
+
     def step(self, loss: torch.Tensor, update: int) -> None:
         """One clipped gradient step; the target synced every target_update_interval
         (sync_target with target_tau)."""

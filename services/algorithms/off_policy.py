@@ -7,10 +7,8 @@ from dataclasses import dataclass
 from apexrl.algorithms.adders.nstep import NStepAdder
 from apexrl.algorithms.base import Adder, Builder, Policy
 from apexrl.algorithms.columns import Column, nstep_columns
-from apexrl.config import ReplayTableConfig, option
-
-# The replay's own default name: a replay started with flat settings (one table) serves it.
-TABLE = "default"
+from apexrl.algorithms.tables import TABLE, PrioritizedTable
+from apexrl.config import option
 
 TARGET_TAU_HELP = (
     "share of the online network blended into the target at each sync: target <- tau * online"
@@ -25,21 +23,10 @@ def check_target_tau(tau: float) -> None:
 
 
 @dataclass
-class OffPolicySettings:
+class OffPolicySettings(PrioritizedTable):
     n_step: int = option(3, "n of the n-step returns the actors build")
     target_update_interval: int = option(50, "learner updates between target network syncs")
     target_tau: float = option(1.0, TARGET_TAU_HELP)
-    capacity: int = option(1_000_000, "transitions the replay table holds (per shard)")
-    priority_exponent: float = option(
-        0.6, "the table's alpha: P(i) = p_i^alpha / sum p^alpha (0: uniform)"
-    )
-    min_size_to_sample: int = option(1000, "sampling waits until the table holds this many")
-    samples_per_insert: float = option(
-        0.0, "rate limiter: sampled transitions per inserted one (0: no ratio)"
-    )
-    error_buffer: float = option(
-        0.0, "rate limiter: allowed deviation from samples_per_insert, in samples"
-    )
 
 
 # Local mode on a small machine: each transition sampled about 8 times, the rate limiter holding
@@ -65,18 +52,6 @@ class OffPolicyBuilder(Builder):
         if self.settings.n_step < 1:
             raise ValueError(f"n_step: must be >= 1, got {self.settings.n_step}")
         check_target_tau(self.settings.target_tau)
-
-    def tables(self) -> list[ReplayTableConfig]:
-        s = self.settings
-        signature = ",".join(column.spec() for column in self.columns())
-        return [
-            ReplayTableConfig(
-                name=TABLE, capacity=s.capacity, sampler="prioritized", remover="fifo",
-                alpha=s.priority_exponent, rate_limiter="ratio",
-                min_size_to_sample=s.min_size_to_sample, samples_per_insert=s.samples_per_insert,
-                error_buffer=s.error_buffer, signature=signature,
-            )
-        ]  # fmt: skip
 
     def adder(self, num_envs: int, policy: Policy) -> Adder:
         return NStepAdder(num_envs, self.settings.n_step, self.config.gamma, table=TABLE)

@@ -8,10 +8,9 @@ from apexrl.algorithms.adders.unroll import UnrollAdder
 from apexrl.algorithms.base import Adder, Builder, ParameterSync, Policy, hidden_sizes
 from apexrl.algorithms.columns import Column, unroll_columns
 from apexrl.algorithms.envs import is_atari
-from apexrl.config import ReplayTableConfig, option
+from apexrl.algorithms.tables import TABLE, QueueTable
+from apexrl.config import option
 
-# The replay's own default name: a replay started with flat settings (one table) serves it.
-TABLE = "default"
 HIDDEN = "64,64"  # the MLP torsos' sizes unless the `hidden` setting says otherwise
 
 
@@ -19,10 +18,9 @@ OPTIMIZERS = ("adam", "rmsprop")
 
 
 @dataclass
-class OnPolicySettings:
+class OnPolicySettings(QueueTable):
     unroll_length: int = option(32, "env steps in each unroll an actor writes")
-    capacity: int = option(64, "unrolls the queue holds; actors wait while it is full")
-    entropy_cost: float = option(0.01, "weight of the entropy bonus")
+    entropy_cost: float = option(0.01, "weight of the entropy bonus", schedule=True)
     value_cost: float = option(0.5, "weight of the value (baseline) loss")
     optimizer: str = option(
         "adam",
@@ -83,15 +81,6 @@ class OnPolicyBuilder(Builder):
 
     def columns(self) -> list[Column]:
         return unroll_columns(self.spec, self.settings.unroll_length, self.name)
-
-    def tables(self) -> list[ReplayTableConfig]:
-        signature = ",".join(column.spec() for column in self.columns())
-        return [
-            ReplayTableConfig(
-                name=TABLE, capacity=self.settings.capacity, sampler="fifo", remover="none",
-                max_times_sampled=1, rate_limiter="queue", signature=signature,
-            )
-        ]  # fmt: skip
 
     def exploration(self, index: int, count: int) -> float:
         """No ladder: every actor samples its policy (1 = sample, 0 would be greedy)."""

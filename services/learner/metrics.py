@@ -63,6 +63,12 @@ class LearnerMetrics:
             "Sampled items of an older version than the newest, not trained on (datasets that"
             " train on the newest version's items only).",
         )
+        self.scheduled = prometheus_client.Gauge(
+            "apexrl_learner_scheduled_setting",
+            "A setting given a schedule, at the learner's step (label: the setting's name).",
+            ["setting"],
+            registry=registry,
+        )
         self.checkpoint_failures = counter(
             "checkpoint_failures", "Checkpoints that failed to write (previous ones kept)."
         )

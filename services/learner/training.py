@@ -28,6 +28,7 @@ from apexrl.config import LearnerConfig
 from apexrl.learner import checkpoint
 from apexrl.learner.metrics import LearnerMetrics
 from apexrl.learner.parameters import ParameterStore
+from apexrl.learner.scheduled import ScheduledSettings
 from apexrl.replay.client import ReplayClient
 from apexrl.replay.sharded import connect
 
@@ -87,6 +88,9 @@ class Learner:
         if config.seed:
             torch.manual_seed(config.seed)
         self.learning = algorithm.learning(config, self.device)
+        self.scheduled = ScheduledSettings(
+            config, algorithm.settings, self.learning.optimizers(), metrics.scheduled
+        )
         self.columns = {c.name: c for c in algorithm.table_columns(self.dataset.table)}
         self.update_step = 0
         self.samples_consumed = 0
@@ -103,6 +107,7 @@ class Learner:
             metrics.update_step.set(self.update_step)
         if self.store.version == 0:
             self.publish()
+        self.scheduled.apply(self.update_step)
 
     def autocast(self) -> torch.autocast:
         """What updates run under: with precision bfloat16, convolutions and matrix products
@@ -153,19 +158,25 @@ class Learner:
 
     def check_table(self, info) -> None:
         """The replay's table must be the one the algorithm declares (sampler, remover,
-        max_times_sampled, rate limiter, and the columns once it has a signature): a mismatch
-        is a configuration error naming the table and the setting."""
+        max_times_sampled, rate limiter, the priority exponent, and the columns once it has a
+        signature): a mismatch is a configuration error naming the table and the setting. The
+        sizes and the rate limiter's ratio are the replay's to tune (local mode splits sizes
+        over its shards)."""
         want = {t.name: t for t in self.algorithm.tables()}[info.name]
         got = {
-            "sampler": info.sampler, "remover": info.remover,
-            "max_times_sampled": info.max_times_sampled, "rate_limiter": info.rate_limiter,
-        }  # fmt: skip
+            "sampler": info.sampler,
+            "remover": info.remover,
+            "max_times_sampled": info.max_times_sampled,
+            "rate_limiter": info.rate_limiter,
+        }
+        if want.sampler == "prioritized":
+            got["alpha"] = info.alpha
         for setting, value in got.items():
             if value != getattr(want, setting):
                 raise ValueError(
                     f"replay table {info.name!r}: {setting} is {value!r}, algorithm"
-                    f" {self.algorithm.name} needs {getattr(want, setting)!r} (the tables"
-                    " `apexrl local` writes into its config.toml, from the algorithm's builder)"
+                    f" {self.algorithm.name} needs {getattr(want, setting)!r} (make the"
+                    " replay's tables from the algorithm's settings: `apexrl tables`)"
                 )
         columns = {(c.name, dtype_from_proto(c.dtype, c.name), tuple(c.shape), c.codec)
                    for c in info.signature}  # fmt: skip
@@ -319,6 +330,8 @@ class Learner:
         if "version" in columns:  # items that carry their version: how far behind they were
             lag = self.store.version - columns["version"].float().mean().item()
             self.metrics.policy_lag.set(lag)
+        self.scheduled.apply(self.update_step)
+        weights = self.scheduled.weights(weights, self.update_step)
         with self.autocast():
             td_errors, figures = self.learning.update(columns, weights, self.update_step + 1)
         self.update_step += 1
@@ -356,7 +369,8 @@ class Learner:
     def _sample(self, replay: ReplayClient, dataset=None) -> Iterator:
         dataset = dataset or self.dataset
         size = dataset.batch_size or self.config.batch_size
-        return dataset.batches(replay, size, self.config.beta, self.stop)
+        beta = self.scheduled.sampling_beta
+        return dataset.batches(replay, size, self.config.beta if beta is None else beta, self.stop)
 
     def _prefetch(self, replay: ReplayClient, batches: queue.Queue, dataset=None,
                   declared=None) -> None:  # fmt: skip

@@ -349,7 +349,8 @@ def test_a_lost_life_ends_the_returns_of_breakout_actors_with_life_loss_terminal
         replay = service_process("replay", "--signature", sig, "--alpha", "0",  # uniform draws
                                  "--min-size-to-sample", "1")  # fmt: skip
         learner = service_process("learner", "--env", env, "--replay", replay.address,
-                                  "--batch-size", "1", "--max-updates", "1")  # fmt: skip
+                                  "--batch-size", "1", "--max-updates", "1",
+                                  "--priority-exponent", "0")  # fmt: skip
         actor = service_process(
             "actor", "--env", env, "--replay", replay.address, "--learner", learner.address,
             "--num-envs", "4", "--n-step", "1", *(["--life-loss-terminal"] if ends else []),

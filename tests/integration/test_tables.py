@@ -20,7 +20,7 @@ from tests.conftest import transitions
 CONFIG = """
 max_message_mb = 64
 [replay]
-min_size_to_sample = 5   # the flat settings: unused once tables are declared
+checkpoint_interval = 0.0
 
 [[replay.tables]]
 name = "replay"

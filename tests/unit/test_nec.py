@@ -96,8 +96,10 @@ def test_write_at_capacity_replaces_the_least_recently_used():
 def test_bad_dictionary_sizes_refused_naming_the_setting(options, name):
     with pytest.raises(ValueError, match=f"^{name}: "):
         DND(key_size=4, **{"neighbours": 1, **options})
-    with pytest.raises(ValueError, match=f"^{name}: "):
-        make(**options)
+    # The builder's setting is dnd_capacity (its `capacity` is the replay table's).
+    settings = {("dnd_capacity" if k == "capacity" else k): v for k, v in options.items()}
+    with pytest.raises(ValueError, match=f"^{'dnd_' * (name == 'capacity')}{name}: "):
+        make(**settings)
 
 
 def test_a_refresh_of_no_versions_is_refused_naming_it():
@@ -108,7 +110,7 @@ def test_a_refresh_of_no_versions_is_refused_naming_it():
 def make(**settings):
     config = LearnerConfig(
         algorithm="nec", env="CartPole-v1", hidden="16", learning_rate=1e-2,
-        algo=Settings(**{"capacity": 50, "neighbours": 5, "key_size": 4, **settings}),
+        algo=Settings(**{"dnd_capacity": 50, "neighbours": 5, "key_size": 4, **settings}),
     )  # fmt: skip
     return algorithms.make(config)
 
@@ -118,7 +120,7 @@ def test_the_dictionary_settings_reach_every_dnd_the_builder_makes():
     plain network's DNDs alike: keys e0, e1 (values 1, 3) and a far one at 10 e2 (value 100).
     A lookup at e0 weighs its 2 nearest by 1/(d + delta) = 1/0.5, 1/2.5: Q = (2 + 1.2) / 2.4; a
     write of 5 to e0 moves its value a quarter of the way, to 2; a fourth key replaces one."""
-    builder = make(delta=0.5, neighbours=2, alpha=0.25, capacity=3)
+    builder = make(delta=0.5, neighbours=2, alpha=0.25, dnd_capacity=3)
     learning = builder.learning(builder.config, torch.device("cpu"))
     nets = {"network": builder.network(), "policy": builder.policy().net, "learner": learning.net}
     e = np.eye(4, dtype=np.float32)
@@ -235,7 +237,7 @@ def test_published_dictionaries_are_refreshed_in_turn_and_never_older_than_refre
         learning.update(batch, torch.ones(16), step)
         return {k: v.numpy().copy() for k, v in learning.net.state_dict().items()}
 
-    builder = make(refresh_versions=4)  # capacity 50: 13 rows per version in turn
+    builder = make(refresh_versions=4)  # dnd_capacity 50: 13 rows per version in turn
     learning = builder.learning(builder.config, torch.device("cpu"))
     for step in range(1, 6):
         live = train(learning, step)

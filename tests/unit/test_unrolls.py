@@ -130,6 +130,7 @@ def test_on_policy_algorithms_refuse_continuous_actions():
          "remover is 'fifo', algorithm ppo needs 'none'"),
         ("impala", dict(sampler="fifo", remover="none", max_times_sampled=2),
          "max_times_sampled is 2, algorithm impala needs 1"),
+        ("dqn", dict(alpha=0.5), "alpha is 0.5, algorithm dqn needs 0.6"),
     ],
 )  # fmt: skip
 def test_a_learner_refuses_a_table_of_the_wrong_kind_naming_it(algorithm, table, message):
@@ -144,7 +145,8 @@ def test_a_learner_refuses_a_table_of_the_wrong_kind_naming_it(algorithm, table,
     )
     (want,) = builder.tables()
     fits = dict(sampler=want.sampler, remover=want.remover,
-                max_times_sampled=want.max_times_sampled, rate_limiter=want.rate_limiter)  # fmt: skip
+                max_times_sampled=want.max_times_sampled, rate_limiter=want.rate_limiter,
+                alpha=want.alpha)  # fmt: skip
     info = replay_pb2.TableInfo(name="default", **(fits | table))
     with pytest.raises(ValueError, match=f"replay table 'default': {message}"):
         Learner.check_table(learner, info)

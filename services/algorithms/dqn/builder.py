@@ -12,6 +12,7 @@ from apexrl.algorithms.columns import Column
 from apexrl.algorithms.envs import is_atari
 from apexrl.algorithms.exploration import epsilon_ladder
 from apexrl.algorithms.off_policy import SMALL_MACHINE, OffPolicyBuilder, OffPolicySettings
+from apexrl.algorithms.tables import redefault
 from apexrl.config import option
 
 
@@ -38,9 +39,7 @@ class RainbowSettings(Settings):
     distributional: bool = option(
         True, Settings.__dataclass_fields__["distributional"].metadata["help"]
     )
-    priority_exponent: float = option(
-        0.5, OffPolicySettings.__dataclass_fields__["priority_exponent"].metadata["help"]
-    )
+    priority_exponent: float = redefault(OffPolicySettings, "priority_exponent", 0.5)
     # Rainbow's (Hessel et al. 2018, Table 1; Dopamine's C51 takes 0.01 / 32): at torch's 1e-8,
     # C51's small cross-entropy gradients get full-size Adam steps.
     adam_epsilon: float = option(

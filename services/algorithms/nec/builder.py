@@ -11,16 +11,16 @@ from apexrl.algorithms.adders.nstep import NStepAdder
 from apexrl.algorithms.base import Adder, Builder, Policy, hidden_sizes
 from apexrl.algorithms.columns import Column, nstep_columns
 from apexrl.algorithms.exploration import epsilon_ladder
-from apexrl.algorithms.off_policy import TABLE
-from apexrl.config import ReplayTableConfig, option
+from apexrl.algorithms.tables import TABLE, UniformTable, redefault
+from apexrl.config import option
 
 
 @dataclass
-class Settings:
+class Settings(UniformTable):
     """[nec]: Neural Episodic Control's settings."""
 
     n_step: int = option(10, "N of the N-step Q targets the actors' transitions give")
-    capacity: int = option(5_000, "keys each action's DND holds (replaced least recently used)")
+    dnd_capacity: int = option(5_000, "keys each action's DND holds (replaced least recently used)")
     neighbours: int = option(50, "k: the nearest keys a lookup weighs")
     delta: float = option(1e-3, "the kernel's delta: w = 1/(squared distance + delta)")
     alpha: float = option(0.1, "tabular write rate of a key already held: v += alpha (y - v)")
@@ -30,14 +30,7 @@ class Settings:
         " version carries the rows written since the one before and 1/refresh_versions of the"
         " others, in turn (1: every row, every version)",
     )  # fmt: skip
-    replay_capacity: int = option(100_000, "transitions the replay table holds (per shard)")
-    min_size_to_sample: int = option(1_000, "sampling waits until the table holds this many")
-    samples_per_insert: float = option(
-        0.0, "rate limiter: sampled transitions per inserted one (0: no ratio)"
-    )
-    error_buffer: float = option(
-        0.0, "rate limiter: allowed deviation from samples_per_insert, in samples"
-    )
+    capacity: int = redefault(UniformTable, "capacity", 100_000)
 
 
 class NECBuilder(Builder):
@@ -61,16 +54,15 @@ class NECBuilder(Builder):
         s = self.settings
         if not self.spec.discrete:
             raise ValueError(f"algorithm: nec needs a Discrete action space, {self.spec.env_id}")
-        if s.capacity < 1:
-            raise ValueError(f"capacity: must be >= 1, got {s.capacity}")
-        if not 1 <= s.neighbours <= s.capacity:
+        if s.dnd_capacity < 1:
+            raise ValueError(f"dnd_capacity: must be >= 1, got {s.dnd_capacity}")
+        if not 1 <= s.neighbours <= s.dnd_capacity:
             raise ValueError(
-                f"neighbours: must be in [1, capacity = {s.capacity}], got {s.neighbours}"
+                f"neighbours: must be in [1, dnd_capacity = {s.dnd_capacity}], got {s.neighbours}"
             )
-        for name, low in (("n_step", 1), ("key_size", 1), ("replay_capacity", 1),
-                          ("refresh_versions", 1)):  # fmt: skip
-            if getattr(s, name) < low:
-                raise ValueError(f"{name}: must be >= {low}, got {getattr(s, name)}")
+        for name in ("n_step", "key_size", "capacity", "refresh_versions"):
+            if getattr(s, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(s, name)}")
         if s.delta <= 0:
             raise ValueError(f"delta: must be > 0, got {s.delta}")
         if not 0 < s.alpha <= 1:
@@ -78,18 +70,6 @@ class NECBuilder(Builder):
 
     def columns(self) -> list[Column]:
         return nstep_columns(self.spec, np.dtype(np.int64))
-
-    def tables(self) -> list[ReplayTableConfig]:
-        s = self.settings
-        signature = ",".join(column.spec() for column in self.columns())
-        return [
-            ReplayTableConfig(
-                name=TABLE, capacity=s.replay_capacity, sampler="uniform", remover="fifo",
-                rate_limiter="ratio", min_size_to_sample=s.min_size_to_sample,
-                samples_per_insert=s.samples_per_insert, error_buffer=s.error_buffer,
-                signature=signature,
-            )
-        ]  # fmt: skip
 
     def exploration(self, index: int, count: int) -> float:
         return epsilon_ladder(index, count)
@@ -106,8 +86,8 @@ class NECBuilder(Builder):
         from apexrl.algorithms.nec.learning import NECNetwork
 
         s, spec = self.settings, self.spec
-        dnd = {"capacity": s.capacity, "neighbours": s.neighbours, "delta": s.delta,
-               "alpha": s.alpha}  # fmt: skip
+        dnd = {"capacity": s.dnd_capacity, "neighbours": s.neighbours, "delta": s.delta}
+        dnd["alpha"] = s.alpha
         return NECNetwork(
             spec.obs_shape, spec.obs_dtype, spec.num_actions, hidden_sizes(self.config.hidden),
             s.key_size, dnd,

@@ -125,7 +125,7 @@ class NECLearning(Learning):
         new = [i for i, item in enumerate(ids) if item not in self.written]
         for i in new:
             self.written[ids[i]] = None
-        while len(self.written) > self.settings.replay_capacity:
+        while len(self.written) > self.settings.capacity:
             self.written.popitem(last=False)
         if not new:
             return
@@ -142,7 +142,7 @@ class NECLearning(Learning):
         moves the keys and values of every neighbour it looked up, which in a few updates is
         most rows, so a whole DND per version would be most of the payload)."""
         live = state_to_numpy(self.net)
-        capacity, every = self.settings.capacity, self.settings.refresh_versions
+        capacity, every = self.settings.dnd_capacity, self.settings.refresh_versions
         if self.published is None or every == 1:
             for dnd in self.net.dnds:
                 dnd.written_slots.clear()

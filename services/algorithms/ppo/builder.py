@@ -10,7 +10,8 @@ section 4) is kl_target > 0, with the clip or without it (clip_range 0).
 from dataclasses import dataclass
 
 from apexrl.algorithms.base import ParameterSync
-from apexrl.algorithms.on_policy import TABLE, OnPolicyBuilder, OnPolicySettings
+from apexrl.algorithms.on_policy import OnPolicyBuilder, OnPolicySettings
+from apexrl.algorithms.tables import TABLE
 from apexrl.config import option
 
 KL_COEF_RANGE = (1e-4, 10.0)  # the adaptive coefficient's bounds
@@ -24,7 +25,9 @@ class Settings(OnPolicySettings):
     normalize_advantages: bool = option(
         True, "advantages scaled to mean 0, std 1 per minibatch (as SB3)"
     )
-    clip_range: float = option(0.2, "the ratio clip epsilon; 0 = unclipped (epochs 1: A2C)")
+    clip_range: float = option(
+        0.2, "the ratio clip epsilon; 0 = unclipped (epochs 1: A2C)", schedule=True
+    )
     epochs: int = option(10, "passes over each fresh batch")
     minibatches: int = option(4, "minibatches per epoch")
     kl_target: float = option(
@@ -65,6 +68,8 @@ class PPOBuilder(OnPolicyBuilder):
             if getattr(self.settings, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self.settings, name)}")
         s = self.settings
+        if not s.clip_range >= 0:  # NaN fails too
+            raise ValueError(f"clip_range: must be >= 0 (0: unclipped), got {s.clip_range}")
         if not s.kl_target >= 0:  # NaN fails too
             raise ValueError(f"kl_target: must be >= 0 (0: no KL penalty), got {s.kl_target}")
         if s.kl_target > 0 and not KL_COEF_RANGE[0] <= s.kl_coef <= KL_COEF_RANGE[1]:

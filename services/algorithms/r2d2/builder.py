@@ -21,13 +21,12 @@ from apexrl.algorithms.columns import Column, stacked_columns
 from apexrl.algorithms.envs import is_atari
 from apexrl.algorithms.exploration import epsilon_ladder
 from apexrl.algorithms.off_policy import TARGET_TAU_HELP, check_target_tau
-from apexrl.config import ReplayTableConfig, option
-
-TABLE = "default"
+from apexrl.algorithms.tables import TABLE, PrioritizedTable, redefault
+from apexrl.config import option
 
 
 @dataclass
-class Settings:
+class Settings(PrioritizedTable):
     """[r2d2]: R2D2's settings."""
 
     sequence_length: int = option(80, "env steps in each sequence an actor writes")
@@ -44,17 +43,10 @@ class Settings:
     )
     target_update_interval: int = option(2500, "learner updates between target network syncs")
     target_tau: float = option(1.0, TARGET_TAU_HELP)
-    capacity: int = option(100_000, "sequences the replay table holds (per shard)")
-    priority_exponent: float = option(
-        0.9, "the table's alpha: P(i) = p_i^alpha / sum p^alpha (0: uniform)"
-    )
-    min_size_to_sample: int = option(500, "sampling waits until the table holds this many")
-    samples_per_insert: float = option(
-        0.0, "rate limiter: sampled sequences per inserted one (0: no ratio)"
-    )
-    error_buffer: float = option(
-        0.0, "rate limiter: allowed deviation from samples_per_insert, in samples"
-    )
+    # Sequences, as the paper's.
+    capacity: int = redefault(PrioritizedTable, "capacity", 100_000)
+    priority_exponent: float = redefault(PrioritizedTable, "priority_exponent", 0.9)
+    min_size_to_sample: int = redefault(PrioritizedTable, "min_size_to_sample", 500)
 
 
 # Masked or full CartPole on a 2-core machine: short sequences, a short burn-in (episodes of a
@@ -136,18 +128,6 @@ class R2D2Builder(Builder):
 
     def columns(self) -> list[Column]:
         return sequence_columns(self.spec, self.settings.sequence_length, self.state_size)
-
-    def tables(self) -> list[ReplayTableConfig]:
-        s = self.settings
-        signature = ",".join(column.spec() for column in self.columns())
-        return [
-            ReplayTableConfig(
-                name=TABLE, capacity=s.capacity, sampler="prioritized", remover="fifo",
-                alpha=s.priority_exponent, rate_limiter="ratio",
-                min_size_to_sample=s.min_size_to_sample, samples_per_insert=s.samples_per_insert,
-                error_buffer=s.error_buffer, signature=signature,
-            )
-        ]  # fmt: skip
 
     def exploration(self, index: int, count: int) -> float:
         return epsilon_ladder(index, count)

@@ -35,6 +35,7 @@ from apexrl.algorithms.envs import is_atari
 from apexrl.algorithms.impala.builder import IMPALABuilder
 from apexrl.algorithms.impala.builder import Settings as IMPALASettings
 from apexrl.algorithms.on_policy import HIDDEN
+from apexrl.algorithms.tables import signature
 from apexrl.algorithms.unreal.adders import WINDOW, ExperienceAdder, RewardWindowAdder
 from apexrl.config import ReplayTableConfig, option
 
@@ -127,7 +128,7 @@ class UNREALBuilder(IMPALABuilder):
             ReplayTableConfig(
                 name=name, capacity=capacity[name], sampler=sampler[name], remover="fifo",
                 rate_limiter="ratio", min_size_to_sample=min(capacity[name], s.replay_batch),
-                signature=",".join(c.spec() for c in self.table_columns(name)),
+                signature=signature(self.table_columns(name)),
             )
             for name in self.replayed
         ]  # fmt: skip
