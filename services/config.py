@@ -24,11 +24,12 @@ from apexrl.config_parsing import (  # noqa: F401
 )
 
 
-def option(default: Any, help: str, schedule: bool = False) -> Any:
-    """A config field with its documentation; `schedule`: a number the learner may change over
-    a run, given a schedule (schedules.py) instead of a number."""
+def option(default: Any, help: str, schedule: str = "") -> Any:
+    """A config field with its documentation; `schedule`: a number that may change over a run,
+    given a schedule (schedules.py) instead, over the steps it names ("updates": the
+    learner's; "env steps": an actor's own)."""
     if schedule:
-        help += " (a number, or a schedule: docs/algorithms.md#schedules)"
+        help += f" (a number, or a schedule over {schedule}: docs/algorithms.md#schedules)"
     return field(default=default, metadata={"help": help, "schedule": schedule})
 
 
@@ -264,10 +265,10 @@ class LearnerConfig(AgentConfig, ClientTLSConfig, ServeConfig):
         "auto", "torch device: auto (CUDA when present, else CPU), cpu, cuda, cuda:N"
     )
     batch_size: int = option(256, "items (transitions, unrolls) per update")
-    learning_rate: float = option(2e-3, "Adam learning rate", schedule=True)
+    learning_rate: float = option(2e-3, "Adam learning rate", schedule="updates")
     max_grad_norm: float = option(10.0, "gradient norm clipping")
     beta: float = option(
-        0.4, "importance-sampling exponent of prioritized sampling (PER's beta)", schedule=True
+        0.4, "importance-sampling exponent of prioritized sampling (PER's beta)", schedule="updates"
     )
     publish_interval: int = option(
         10,
@@ -325,6 +326,13 @@ class ActorConfig(AgentConfig, ClientTLSConfig, ProcessConfig):
     )
     buffer_limit: int = option(
         100_000, "transitions held while replay is unreachable; beyond, the oldest are dropped"
+    )
+    exploration: float = option(
+        math.nan,
+        "this actor's exploration parameter (the algorithm's: epsilon for dqn, r2d2 and nec,"
+        " dpg's noise scale) in place of its place on the learner's ladder, e.g. an epsilon"
+        " decay for a run of one actor; nan: the ladder's",
+        schedule="env steps",
     )
     threads: int = option(1, "torch CPU threads (where the policy acts with torch: not an MLP's)")
 

@@ -13,21 +13,27 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def number_or_schedule(value: Any, name: str) -> float:
-    """A setting that takes a schedule (config.option(schedule=True)): a number, or a schedule
-    (schedules.Schedule: a float whose value is its start) from its inline table or text."""
-    from apexrl import schedules
+@dataclass(frozen=True)
+class Scheduled:
+    """The kind of a setting that takes a schedule (config.option(schedule=UNIT)): a number, or
+    a schedule over UNIT (schedules.Schedule: a float whose value is its start) from its inline
+    table or text."""
 
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str) and not value.strip().startswith("{"):
-        return convert(value, float, name)
-    return schedules.parse(value, name)
+    unit: str
+
+    def __call__(self, value: Any, name: str) -> float:
+        from apexrl import schedules
+
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str) and not value.strip().startswith("{"):
+            return convert(value, float, name)
+        return schedules.parse(value, name, self.unit)
 
 
 def convert(value: Any, kind: Any, name: str) -> Any:
-    if kind is number_or_schedule:
-        return number_or_schedule(value, name)
+    if isinstance(kind, Scheduled):
+        return kind(value, name)
     if kind in (int, float) and (
         isinstance(value, dict) or (isinstance(value, str) and value.strip().startswith("{"))
     ):
@@ -207,11 +213,11 @@ def settings_fields(settings_class: type) -> dict[str, type]:
 
 
 def _kinds(cls: type | None) -> dict[str, Any]:
-    """Each setting's converter: its type, or number_or_schedule for one that takes a schedule."""
+    """Each setting's converter: its type, or Scheduled for one that takes a schedule."""
     if cls is None:
         return {}
     return {
-        f.name: number_or_schedule if f.metadata.get("schedule") else f.type
+        f.name: Scheduled(f.metadata["schedule"]) if f.metadata.get("schedule") else f.type
         for f in _fields(cls)
         if not f.metadata.get("file_only")
     }

@@ -12,8 +12,10 @@ In a config file, an inline table; as a flag or an APEXRL_* variable, the same t
 - exponential: the same, geometrically (both values > 0): start * (end / start)^(t / length);
 - piecewise: linear between (step, value) points, the first value before them, the last after.
 
-The step is the learner's update count, so a run resumed from a checkpoint continues each
-schedule where it was. Only the settings marked `schedule=True` (config.option) take one.
+A setting counts the steps of whoever reads it: the learner's settings its updates (so a run
+resumed from a checkpoint continues each schedule where it was), an actor's its own env steps
+since it started (`[actor] exploration = { linear = [1.0, 0.01], over = "100K env steps" }`).
+Only the settings marked `schedule=` (config.option) take one.
 """
 
 import json
@@ -23,7 +25,7 @@ import tomllib
 from typing import Any
 
 SHAPES = ("linear", "exponential", "piecewise")
-UNITS = ("updates",)
+UNITS = ("updates", "env steps")
 _LENGTH = re.compile(r"^\s*([-+]?[0-9][0-9_.]*(?:e[-+]?[0-9]+)?)\s*([KMG]?)\s+(\S.*?)\s*$", re.I)
 _SCALE = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}
 
@@ -74,8 +76,9 @@ class Schedule(float):
     __str__ = __repr__
 
 
-def parse(value: Any, name: str) -> Schedule:
-    """A schedule from its inline table (a dict, or its text); ValueError naming the setting."""
+def parse(value: Any, name: str, unit: str = "updates") -> Schedule:
+    """A schedule from its inline table (a dict, or its text), counting `unit` (the setting's);
+    ValueError naming the setting."""
     if isinstance(value, str):
         try:
             value = tomllib.loads(f"x = {value}")["x"]
@@ -92,25 +95,23 @@ def parse(value: Any, name: str) -> Schedule:
         )
     shape = shapes[0]
     if shape == "piecewise":
-        return _piecewise(value, name)
+        return _piecewise(value, name, unit)
     pair = value[shape]
     if not (isinstance(pair, list) and len(pair) == 2 and all(_number(v) for v in pair)):
         raise ValueError(f"{name}: {shape} takes [start, end], got {pair!r}")
     if "over" not in value or "unit" in value:
         raise ValueError(f'{name}: {shape} takes its length as over = "<count> <unit>"')
-    length, unit = _length(value["over"], name)
+    length = _length(value["over"], name, unit)
     if shape == "exponential" and not (pair[0] > 0 and pair[1] > 0):
         raise ValueError(f"{name}: exponential needs values > 0, got {pair}")
     return Schedule(shape, ((0.0, float(pair[0])), (length, float(pair[1]))), unit)
 
 
-def _piecewise(value: dict, name: str) -> Schedule:
+def _piecewise(value: dict, name: str, unit: str) -> Schedule:
     points = value["piecewise"]
     if "over" in value:
-        raise ValueError(f'{name}: piecewise takes unit = "updates", its steps in the points')
-    unit = value.get("unit", "")
-    if unit not in UNITS:
-        raise ValueError(f"{name}: unit must be one of {', '.join(UNITS)}, got {unit!r}")
+        raise ValueError(f'{name}: piecewise takes unit = "{unit}", its steps in the points')
+    _check_unit(value.get("unit", ""), name, unit)
     if not (
         isinstance(points, list)
         and points
@@ -123,21 +124,22 @@ def _piecewise(value: dict, name: str) -> Schedule:
     return Schedule("piecewise", tuple((float(s), float(v)) for s, v in points), unit)
 
 
-def _length(text: Any, name: str) -> tuple[float, str]:
+def _check_unit(given: Any, name: str, unit: str) -> None:
+    if given != unit:
+        raise ValueError(f"{name}: its schedule counts {unit}, got {given!r}")
+
+
+def _length(text: Any, name: str, unit: str) -> float:
     match = _LENGTH.match(text) if isinstance(text, str) else None
     if match is None:
         raise ValueError(
             f'{name}: over must read "<count> <unit>" (e.g. "1M updates"), got {text!r}'
         )
     count = float(match.group(1).replace("_", "")) * _SCALE[match.group(2).upper()]
-    unit = match.group(3)
-    if unit not in UNITS:
-        raise ValueError(
-            f"{name}: schedules count {', '.join(UNITS)} (the learner's step), got {unit!r}"
-        )
+    _check_unit(match.group(3), name, unit)
     if not count > 0:
         raise ValueError(f"{name}: a schedule's length must be > 0, got {text!r}")
-    return count, unit
+    return count
 
 
 def _number(value: Any) -> bool:

@@ -16,6 +16,7 @@ item is one version's), optionally waiting for a version newer than the last ite
 
 import collections
 import logging
+import math
 import threading
 import time
 import uuid
@@ -40,6 +41,7 @@ from apexrl.common.memory import off_heap, release_free_memory
 from apexrl.config import ActorConfig
 from apexrl.replay.client import ReplayClient
 from apexrl.replay.sharded import ShardedReplayClient, connect
+from apexrl.schedules import Schedule
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,15 @@ HELD_CHUNK_BYTES = 256 * 1024  # an outage's batches are held merged up to this 
 # milliseconds; one whose rate limiter holds them (a learner sampling slower than the actor
 # inserts) would hold the stop for as long as the learner takes: those batches are dropped.
 STOP_FLUSH_SECONDS = 0.3
+
+
+def exploration(setting: float, lease: float, env_steps: int) -> float:
+    """An actor's exploration parameter: its own `exploration` setting where it has one (a
+    number, or a schedule over its env steps, read at each parameter pull), else its place on
+    the learner's ladder (`lease`)."""
+    if isinstance(setting, Schedule):
+        return setting.value(env_steps)
+    return lease if math.isnan(setting) else setting
 
 
 class ActorMetrics:
@@ -335,7 +346,7 @@ class Actor:
         self.exploration, self.version, self.have_weights = 0.0, 0, False
         self.acted, self.waiting = 0, 0.0  # the version of the last item; since when it waits
         self.pending: list[dict[str, np.ndarray]] = []
-        self.pending_count = self.steps_since_pull = 0
+        self.pending_count = self.steps_since_pull = self.steps = 0
         self.lives = None  # Atari lives, for life_loss_terminal
         self.returns = np.zeros(config.num_envs)
         self.lengths = np.zeros(config.num_envs, np.int64)
@@ -381,7 +392,7 @@ class Actor:
             self.policy.load(params.arrays)
             self.version, self.have_weights = params.version, True
             self.metrics.version.set(self.version)
-        self.exploration = params.exploration
+        self.exploration = exploration(self.config.exploration, params.exploration, self.steps)
         self.metrics.exploration.set(self.exploration)
         self.metrics.actor_index.set(params.actor_index)
 
@@ -419,6 +430,7 @@ class Actor:
         ):
             self.insert()
         self.steps_since_pull += config.num_envs
+        self.steps += config.num_envs
         if self.sync.periodic and self.steps_since_pull >= config.pull_interval:
             self.puller.request()
             self.steps_since_pull = 0

@@ -20,7 +20,7 @@ OPTIMIZERS = ("adam", "rmsprop")
 @dataclass
 class OnPolicySettings(QueueTable):
     unroll_length: int = option(32, "env steps in each unroll an actor writes")
-    entropy_cost: float = option(0.01, "weight of the entropy bonus", schedule=True)
+    entropy_cost: float = option(0.01, "weight of the entropy bonus", schedule="updates")
     value_cost: float = option(0.5, "weight of the value (baseline) loss")
     optimizer: str = option(
         "adam",

@@ -395,3 +395,24 @@ def test_replay_killed_mid_training_restores_its_checkpoint_and_training_goes_on
             assert client.info().samples > state.samples
     for proc in (actor, learner, back):
         proc.stop()
+
+
+def test_an_actor_decays_its_epsilon_over_its_env_steps(service_process):
+    """[actor] exploration as a schedule: the actor's epsilon goes from 1 to 0 over its first
+    800 env steps, whatever the learner's ladder holds for it (0.4, alone)."""
+    replay = service_process("replay", "--min-size-to-sample", "64")
+    learner = service_process("learner", "--replay", replay.address, "--batch-size", "32")
+    actor = service_process(
+        "actor", "--replay", replay.address, "--learner", learner.address, "--num-envs", "2",
+        "--pull-interval", "50", "--exploration", '{ linear = [1.0, 0.0], over = "800 env steps" }',
+    )  # fmt: skip
+    seen = []
+
+    def decayed() -> bool:
+        seen.append(metric(actor.metrics_port, "apexrl_actor_epsilon"))
+        return metric(actor.metrics_port, "apexrl_actor_env_steps_total") >= 900 and seen[-1] == 0
+
+    wait_for(decayed, 60, "epsilon at 0 after 800 env steps")
+    assert max(seen) > 0.5 and 0.4 not in seen  # it started high, never the ladder's 0.4
+    for process in (actor, learner, replay):
+        process.stop()

@@ -60,7 +60,7 @@ def test_a_schedule_reads_back_what_it_writes(text):
         ({"cosine": [1.0, 0.0], "over": "5 updates"}, "a schedule is one of linear"),
         ({"linear": [1.0, 0.0], "over": "-5 updates"}, "length must be > 0"),
         ({"linear": [1.0, 0.0], "over": "0 updates"}, "length must be > 0"),
-        ({"linear": [1.0, 0.0], "over": "5 fortnights"}, "schedules count updates"),
+        ({"linear": [1.0, 0.0], "over": "5 fortnights"}, "its schedule counts updates"),
         ({"linear": [1.0], "over": "5 updates"}, r"linear takes \[start, end\]"),
         ({"exponential": [1.0, 0.0], "over": "5 updates"}, "values > 0"),
         ({"piecewise": [[5, 1.0], [5, 0.0]], "unit": "updates"}, "increasing"),
@@ -183,3 +183,31 @@ def test_a_resumed_learner_continues_its_schedules(tmp_path):
         "apexrl_learner_scheduled_setting", {"setting": "learning_rate"}
     )
     assert math.isclose(value, 7e-4)
+
+
+def test_each_setting_counts_its_own_steps(tmp_path):
+    """The learner's settings count updates, an actor's its env steps: the other unit is
+    refused, naming the setting."""
+    with pytest.raises(ValueError, match="^learning_rate: its schedule counts updates, got 'env"):
+        parse_learner(tmp_path, '{ linear = [1e-3, 0.0], over = "1K env steps" }')
+    path = tmp_path / "actor.toml"
+    path.write_text('[actor]\nexploration = { linear = [1.0, 0.01], over = "100K env steps" }\n')
+    actor = cfg.parse(cfg.ActorConfig, ["--config", str(path)], "actor", "x", algorithms.REGISTRY)
+    assert actor.exploration.value(50_000) == pytest.approx(0.505)
+    path.write_text('[actor]\nexploration = { linear = [1.0, 0.01], over = "100K updates" }\n')
+    with pytest.raises(ValueError, match=r"actor\.toml: exploration: its schedule counts env st"):
+        cfg.parse(cfg.ActorConfig, ["--config", str(path)], "actor", "x", algorithms.REGISTRY)
+
+
+def parse_learner(tmp_path, schedule: str) -> cfg.LearnerConfig:
+    flags = ["--learning-rate", schedule]
+    return cfg.parse(cfg.LearnerConfig, flags, "learner", "x", algorithms.REGISTRY)
+
+
+def test_an_actor_explores_by_its_setting_else_by_its_ladder_place():
+    from apexrl.actor.loop import exploration
+
+    decay = parse({"linear": [1.0, 0.1], "over": "1K env steps"}, "exploration", "env steps")
+    assert exploration(math.nan, 0.4, 500) == 0.4  # the lease's ladder place
+    assert exploration(0.05, 0.4, 500) == 0.05
+    assert [exploration(decay, 0.4, t) for t in (0, 500, 5000)] == pytest.approx([1.0, 0.55, 0.1])

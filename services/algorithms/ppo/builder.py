@@ -26,7 +26,7 @@ class Settings(OnPolicySettings):
         True, "advantages scaled to mean 0, std 1 per minibatch (as SB3)"
     )
     clip_range: float = option(
-        0.2, "the ratio clip epsilon; 0 = unclipped (epochs 1: A2C)", schedule=True
+        0.2, "the ratio clip epsilon; 0 = unclipped (epochs 1: A2C)", schedule="updates"
     )
     epochs: int = option(10, "passes over each fresh batch")
     minibatches: int = option(4, "minibatches per epoch")
