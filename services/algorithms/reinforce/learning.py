@@ -45,7 +45,7 @@ class REINFORCELearning(UnrollLearning):
             normalize=settings.normalize,
         )
         self.step(loss)
-        value_mean = float((values[:, :-1] * mask).sum() / mask.sum()) if baseline else 0.0
+        value_mean = float((values.detach()[:, :-1] * mask).sum() / mask.sum()) if baseline else 0.0
         figures = {k: float(v) for k, v in figures.items()}
         return None, figures | {
             "value_mean": value_mean,
