@@ -13,6 +13,7 @@ Normalising the difference, rather than subtracting V from normalised returns, k
 returns' own scale, the scale in which it bootstraps a truncated episode's return.
 """
 
+import numpy as np
 import torch
 
 
@@ -22,14 +23,17 @@ def discounted_returns(
 ) -> torch.Tensor:
     """G_t [B, T] on real steps, 0 on padding: G_t = r_t + discount_t * G_{t+1}, from the back,
     where G after an item's last real step is `bootstrap` [B] (V of the observation after it,
-    or 0 without a baseline); a terminal's discount 0 cuts it off."""
-    returns = torch.zeros_like(rewards)
-    following = bootstrap
-    for t in reversed(range(rewards.shape[1])):
-        real = mask[:, t] > 0
-        following = torch.where(real, rewards[:, t] + discounts[:, t] * following, following)
+    or 0 without a baseline); a terminal's discount 0 cuts it off.
+
+    The recursion runs in numpy on the CPU, a step of it a few microseconds: in torch, 16 items
+    of 500 steps took 60 ms of an update's 100-140 ms, in numpy 7 ms (one CPU thread)."""
+    r, d, real = (x.float().cpu().numpy() for x in (rewards, discounts, mask))
+    returns = np.zeros_like(r)
+    following = bootstrap.float().cpu().numpy()
+    for t in reversed(range(r.shape[1])):
+        following = np.where(real[:, t] > 0, r[:, t] + d[:, t] * following, following)
         returns[:, t] = following
-    return returns * mask
+    return torch.from_numpy(returns * real).to(rewards.device)
 
 
 def masked_normalized(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
