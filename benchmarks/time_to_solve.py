@@ -20,7 +20,8 @@ with as many gradient steps as it had env steps (train_freq (1, "episode"), grad
 the zoo's own TD3 setting before 2024): the same updates per env step, and the evaluation after
 each training round runs once per episode rather than once per step.
 
-On-policy tasks: cartpole-ppo, cartpole-impala, cartpole-unreal (CartPole-v1, 475) and
+On-policy tasks: cartpole-ppo, cartpole-impala, cartpole-unreal, cartpole-reinforce (CartPole-v1,
+475; reinforce has no SB3 peer: run cartpole-ppo beside it, with --only apexrl) and
 acrobot-ppo, acrobot-impala (Acrobot-v1, -100): apexrl ppo or impala against SB3 PPO with the zoo's
 hyperparams/ppo.yml (its lin_X schedules decay over the zoo's n_timesteps; Acrobot under
 VecNormalize, whose statistics at that moment normalize the greedy episodes' observations and
@@ -112,6 +113,7 @@ NO_VELOCITY = dict(env="apexrl/CartPoleNoVelocity-v1", target=475.0, sb3=None,
 OPTION_TARGETS = "solved on every seed; time against the dqn task's on the same seeds"
 NEC_TARGETS = "solved on every seed in at most half the env steps of the cartpole task's dqn"
 UNREAL_TARGETS = "solved on every seed within 1.5x the cartpole-impala task's time"
+REINFORCE_TARGETS = "solved on every seed; training time against the cartpole-ppo task's"
 C51 = ["--distributional", "--v-min", "-100", "--v-max", "100"]  # returns up to 500 or -500
 CARTPOLE = dict(env="CartPole-v1", target=475.0, sb3=None, targets=OPTION_TARGETS)
 ACROBOT = dict(env="Acrobot-v1", target=-100.0, sb3=None, targets=OPTION_TARGETS)
@@ -175,6 +177,8 @@ TASKS = {
     "cartpole-ppo": PPO_CARTPOLE | dict(algorithm="ppo"),
     "cartpole-impala": PPO_CARTPOLE | dict(algorithm="impala"),
     "cartpole-unreal": PPO_CARTPOLE | dict(algorithm="unreal", targets=UNREAL_TARGETS),
+    "cartpole-reinforce": PPO_CARTPOLE | dict(algorithm="reinforce", sb3=None,
+                                              targets=REINFORCE_TARGETS),
     "acrobot-ppo": PPO_ACROBOT | dict(algorithm="ppo"),
     "acrobot-impala": PPO_ACROBOT | dict(algorithm="impala"),
 }  # fmt: skip

@@ -31,6 +31,7 @@ ALGORITHMS = {
     "nec": "apexrl.algorithms.nec.builder:NECBuilder",
     "unreal": "apexrl.algorithms.unreal.builder:UNREALBuilder",
     "r2d2": "apexrl.algorithms.r2d2.builder:R2D2Builder",
+    "reinforce": "apexrl.algorithms.reinforce.builder:REINFORCEBuilder",
 }
 
 
