@@ -44,7 +44,8 @@ import os
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -287,75 +288,70 @@ def roles(services: dict, procs: list) -> dict[str, list[int]]:
 
 
 def measured(s: Settings, n: int, seconds: float, services: dict, batches: list[dict]) -> dict:
-    """One fleet's report, with what the shards counted of its inserts; then its leases
-    lapse, so that the next fleet's ladder counts its own actors only."""
+    """One fleet's report, with what the shards counted of its inserts; a fleet before it
+    has stopped a lease period ago, so this one's ladder counts its own actors only."""
+    if services["fleets"]:
+        time.sleep(s.lease_seconds + 1.0)
+    services["fleets"] += 1
+    log(f"{n} actors for {seconds:g} s")
     before = replay_inserts(services["replays"])
     report = run_fleet(s, n, seconds, services, batches)
     report["inserts_lost"] = report.pop("acknowledged_items") - (
         replay_inserts(services["replays"]) - before
     )
-    time.sleep(s.lease_seconds + 1.0)
     return report
 
 
-def run(s: Settings, folder: Path) -> list[dict]:
-    """Every fleet of s.actors, each after its baseline; one report each (also printed)."""
+BASELINE_KEYS = ("actors", "learner_updates_per_s", "pull_p99_s", "errors", "cpu_seconds_per_s")
+
+
+def compared(s: Settings, n: int, services: dict, batches: list[dict]) -> dict:
+    """n actors' report, after the baseline's (none when baseline_actors is 0)."""
+    base = {"learner_updates_per_s": math.nan, "errors": 0}
+    if s.baseline_actors:
+        base = measured(s, s.baseline_actors, s.baseline_seconds, services, batches)
+    report = measured(s, n, s.seconds, services, batches)
+    report["baseline"] = {k: base[k] for k in BASELINE_KEYS if k in base}
+    report["learner_updates_ratio"] = round(
+        report["learner_updates_per_s"] / base["learner_updates_per_s"], 3
+    )
+    report["ladder_exact"] = report["ladder"]["exact"]
+    report["errors"] += base["errors"]
+    report["settings"] = asdict(replace(s, actors=(n,)))
+    return report
+
+
+@contextmanager
+def services_for(s: Settings, folder: Path, batches: list[dict]) -> Iterator[dict]:
+    """The replay shards, filled past their minimum, and the learner, training."""
     learner_core = None
     if s.pin and len(os.sched_getaffinity(0)) >= 2:
         learner_core, *others = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, set(others))  # the replays and the actors inherit it
-    log("recording transitions")
-    batches = recorded(s)
     replay_config, learner_config = configs(s, folder)
-    reports = []
     with ExitStack() as stack:
-        replays = [
-            stack.enter_context(
-                service(
-                    f"replay-{k}",
-                    ["replay", "--config", str(replay_config), "--shard", str(k)],
-                    folder,
-                    None,
-                )
-            )
-            for k in range(s.shards)
-        ]
+        replays = []
+        for k in range(s.shards):
+            command = ["replay", "--config", str(replay_config), "--shard", str(k)]
+            replays.append(stack.enter_context(service(f"replay-{k}", command, folder, None)))
         address = ",".join(r.address for r in replays)
         prefill(address, batches, s.shards, 2_000)
-        learner = stack.enter_context(
-            service(
-                "learner",
-                ["learner", "--config", str(learner_config), "--replay", address],
-                folder,
-                learner_core,
-            )
-        )
-        services = {"learner": learner, "replays": replays}
+        command = ["learner", "--config", str(learner_config), "--replay", address]
+        learner = stack.enter_context(service("learner", command, folder, learner_core))
         log("waiting for the learner's first updates")
         wait_for_updates(learner, 20)
+        yield {"learner": learner, "replays": replays, "fleets": 0}
+
+
+def run(s: Settings, folder: Path) -> list[dict]:
+    """Every fleet of s.actors, each after its baseline; one report each (also printed)."""
+    log("recording transitions")
+    batches = recorded(s)
+    reports = []
+    with services_for(s, folder, batches) as services:
         for n in s.actors:
-            log(f"baseline: {s.baseline_actors} actors for {s.baseline_seconds:g} s")
-            base = measured(s, s.baseline_actors, s.baseline_seconds, services, batches)
-            log(f"{n} actors for {s.seconds:g} s")
-            report = measured(s, n, s.seconds, services, batches)
-            report["baseline"] = {
-                k: base[k]
-                for k in (
-                    "actors",
-                    "learner_updates_per_s",
-                    "pull_p99_s",
-                    "errors",
-                    "cpu_seconds_per_s",
-                )
-            }
-            report["learner_updates_ratio"] = round(
-                report["learner_updates_per_s"] / base["learner_updates_per_s"], 3
-            )
-            report["ladder_exact"] = report["ladder"]["exact"]
-            report["errors"] += base["errors"]
-            report["settings"] = asdict(replace(s, actors=(n,)))
-            print(json.dumps(report), flush=True)
-            reports.append(report)
+            reports.append(compared(s, n, services, batches))
+            print(json.dumps(reports[-1]), flush=True)
     return reports
 
 
