@@ -1,8 +1,8 @@
 """Simulated actors for benchmarks/scale.py: many per process, no env and no torch.
 
 Each simulated actor is what a real actor is to the services: its own random actor_id, its
-own LearnerClient (one channel: leases, parameter pulls, change sets applied as the actor
-applies them) and its own replay client (`connect`, as the actor builds it from the replay
+own LearnerClient (one channel and connection: leases, parameter pulls, change sets applied
+as the actor applies them) and its own replay client (`connect`, as the actor builds it from the replay
 setting), driven by a clock instead of envs. Two threads per actor, as the real one has:
 
 - pulls: the first at the actor's start, then one every pull_interval / steps_per_s seconds
@@ -28,6 +28,10 @@ import numpy as np
 from apexrl.common.learner_client import LearnerClient
 from apexrl.replay.sharded import connect
 from apexrl.v1 import learner_pb2
+
+# Channels of one process to one address share one connection unless each has its own
+# subchannel pool: an actor process has its own connections, so each simulated actor too.
+OWN = (("grpc.use_local_subchannel_pool", 1),)
 
 
 @dataclass(frozen=True)
@@ -85,8 +89,10 @@ class SimulatedActor:
         self.index, self.fleet, self.batches, self.stop = index, fleet, batches, stop
         self.actor_id = f"sim-{index}-{uuid.uuid4().hex[:8]}"
         self.record = Record()
-        self.learner = counting(LearnerClient(fleet.learner, retry_seconds=1.0, retry_cap=0.1))
-        self.replay = connect(fleet.replay, timeout=30.0, retry_seconds=1.0)
+        self.learner = counting(
+            LearnerClient(fleet.learner, retry_seconds=1.0, retry_cap=0.1, channel_options=OWN)
+        )
+        self.replay = connect(fleet.replay, timeout=30.0, retry_seconds=1.0, channel_options=OWN)
         self.held = threading.Event()  # set once it holds parameters: it may act
         self.offset = fleet.pull_period * index / fleet.actors  # its start, after fleet.start
         self.rng = np.random.default_rng(index)
