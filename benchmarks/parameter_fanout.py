@@ -8,8 +8,9 @@ train from: it publishes version 1 at start and serves it, its training thread w
 replay that never answers (a reconnect attempt now and then). `--callers` pullers, threads in
 4 spawned processes pinned to the other core(s), each with its own LearnerClient (own channel
 and connection), pull back to back as a new actor does (have_version 0: the whole version).
-Over the window: the learner's CPU seconds (utime + stime, all threads) per pull, pulls/s and
-the bytes/s they carried; 1 / cpu_per_pull_s is how many whole pulls one learner core could
+Over the window: the learner's CPU seconds (utime + stime, all threads) per pull and the
+kernel's share of them (stime: on loopback the kernel's TCP work for both ends of a
+connection mostly lands on the sender), pulls/s and the bytes/s they carried; 1 / cpu_per_pull_s is how many whole pulls one learner core could
 answer and do nothing else. The last line is one JSON object.
 """
 
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 
 from scale_actors import OWN
-from scale_services import cpu_seconds, scrape, service
+from scale_services import cpu_times, scrape, service
 
 from apexrl.common.learner_client import LearnerClient
 
@@ -76,20 +77,22 @@ def measure(callers: int, seconds: float, folder: Path, options: tuple = ()) -> 
                 raise RuntimeError("the callers did not start")
         start.set()
         whole = scrape(learner.metrics_port)["apexrl_learner_parameter_bytes"]
-        t0, cpu0, pulls0 = time.monotonic(), cpu_seconds(learner.process.pid), sum(counts)
+        t0, cpu0, pulls0 = time.monotonic(), cpu_times(learner.process.pid), sum(counts)
         time.sleep(seconds)
-        t1, cpu1, pulls1 = time.monotonic(), cpu_seconds(learner.process.pid), sum(counts)
+        t1, cpu1, pulls1 = time.monotonic(), cpu_times(learner.process.pid), sum(counts)
         stop.set()
         for p in procs:
             p.join(120)
     pulls, elapsed = pulls1 - pulls0, t1 - t0
-    per_pull = (cpu1 - cpu0) / max(pulls, 1)
+    user, system = (b - a for a, b in zip(cpu0, cpu1, strict=True))
+    per_pull = (user + system) / max(pulls, 1)
     return {
         "callers": callers,
         "client_options": dict(options),
         "pulls_per_s": round(pulls / elapsed, 1),
         "parameter_bytes_per_s": round(pulls * whole / elapsed),
-        "learner_cpu_per_s": round((cpu1 - cpu0) / elapsed, 3),
+        "learner_cpu_per_s": round((user + system) / elapsed, 3),
+        "learner_system_share": round(system / max(user + system, 1e-9), 3),
         "cpu_per_pull_s": round(per_pull, 5),
         "whole_pulls_per_core_s": round(1 / per_pull, 1) if per_pull else None,
     }

@@ -69,11 +69,17 @@ def scrape(port: int) -> dict[str, float]:
     return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process, all its threads."""
+def cpu_times(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of a process, all its threads."""
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads."""
+    return sum(cpu_times(pid))
 
 
 def rss(pid: int) -> int:
