@@ -26,7 +26,9 @@ One JSON line per N on stdout (the last is the last N's); progress on stderr.
   saw acknowledged, over the whole run (0: nothing lost, nothing doubled);
 - pulls_per_s, parameter_bytes_per_s, pull_p50_s / pull_p99_s: GetParameters answers in the
   window, their bytes, the whole client call (decode and change sets applied included);
-- learner_updates_per_s and learner_updates_ratio (over the baseline);
+- learner_updates_per_s and learner_updates_ratio (over the baseline); learner_cpu_per_update_s
+  and learner_updates_ratio_per_cpu (the baseline's CPU per update over the fleet's): the
+  ratio the learner would see on a core of its own, when other work shares its core;
 - replay_insert_p99_s: the client's insert call, at the 99th percentile;
 - rss_per_connection_bytes: the learner's resident memory grown while serving N actors, per
   actor (replay_rss_per_connection_bytes: the shards', summed);
@@ -266,6 +268,12 @@ def run_fleet(s: Settings, n: int, seconds: float, services: dict, batches: list
     report = fleet_report(s, n, records, window, tuple(t0 + x for x in pause), b.parameter_bytes)
     report |= {
         "learner_updates_per_s": round((b.updates - a.updates) / (b.t - a.t), 2),
+        # The learner's CPU seconds per update: on a core shared with other work, what the
+        # fleet costs the learner shows here even when its share of the core moves.
+        "learner_cpu_per_update_s": round(
+            (b.cpu["learner"] - a.cpu["learner"]) / max(b.updates - a.updates, 1), 5
+        ),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "versions_per_s": round((b.version - a.version) / (b.t - a.t), 2),
         "learner_prefetch_wait_fraction": round(b.prefetch_wait, 3),
         "rss_per_connection_bytes": round((b.learner_rss - before.learner_rss) / n),
@@ -302,7 +310,15 @@ def measured(s: Settings, n: int, seconds: float, services: dict, batches: list[
     return report
 
 
-BASELINE_KEYS = ("actors", "learner_updates_per_s", "pull_p99_s", "errors", "cpu_seconds_per_s")
+BASELINE_KEYS = (
+    "actors",
+    "learner_updates_per_s",
+    "learner_cpu_per_update_s",
+    "pull_p99_s",
+    "errors",
+    "cpu_seconds_per_s",
+    "load_average",
+)
 
 
 def compared(s: Settings, n: int, services: dict, batches: list[dict]) -> dict:
@@ -314,6 +330,10 @@ def compared(s: Settings, n: int, services: dict, batches: list[dict]) -> dict:
     report["baseline"] = {k: base[k] for k in BASELINE_KEYS if k in base}
     report["learner_updates_ratio"] = round(
         report["learner_updates_per_s"] / base["learner_updates_per_s"], 3
+    )
+    # What the ratio is on a core of the learner's own: CPU per update, baseline over fleet.
+    report["learner_updates_ratio_per_cpu"] = round(
+        base.get("learner_cpu_per_update_s", math.nan) / report["learner_cpu_per_update_s"], 3
     )
     report["ladder_exact"] = report["ladder"]["exact"]
     report["errors"] += base["errors"]
