@@ -347,8 +347,8 @@ def serve_learner(tmp_path, store, arrays: dict, config, **settings_) -> Iterato
     from apexrl.common.serving import Service
     from apexrl.learner.best import BestModel
     from apexrl.learner.leases import Leases
-    from apexrl.learner.servicer import LearnerServicer
-    from apexrl.v1 import learner_pb2, learner_pb2_grpc
+    from apexrl.learner.servicer import LearnerServicer, add_to_server
+    from apexrl.v1 import learner_pb2
 
     registry = prometheus_client.CollectorRegistry()
     gauge = prometheus_client.Gauge("live_actors", "Actors holding a lease.", registry=registry)
@@ -356,7 +356,7 @@ def serve_learner(tmp_path, store, arrays: dict, config, **settings_) -> Iterato
     servicer = LearnerServicer(store, Leases(30.0), gauge, best, algorithms.make(config))
 
     def register(server) -> list[str]:
-        learner_pb2_grpc.add_LearnerServicer_to_server(servicer, server)
+        add_to_server(servicer, server)
         return [learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name]
 
     with serve_in_thread(tmp_path, Service(register=register), registry, **settings_) as address:

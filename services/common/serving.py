@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import resource
 import signal
 import threading
 import time
@@ -79,6 +80,38 @@ SERVER_KEEPALIVE_OPTIONS = [
     ("grpc.keepalive_time_ms", 10000),
     ("grpc.keepalive_timeout_ms", 5000),
 ]
+
+
+# Limits for hundreds of clients (docs/scaling.md#grpc-limits). Each actor holds one connection
+# to the learner and one to each replay shard, with a few calls at once on it (an insert
+# stream, a pull or a long poll): a peer that opens more streams waits for its own to end.
+MAX_CONCURRENT_STREAMS = 100  # per connection (HTTP/2's recommended minimum)
+# Files a server opens besides its connections: listening sockets, /metrics, logs, checkpoints.
+RESERVED_FILES = 64
+
+
+def open_files_limit() -> int:
+    """Raises this process's soft limit on open files to its hard limit (every connection is
+    one: the default soft 1,024 would fail accepts, and checkpoint writes, past ~1,000
+    actors) and returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):  # an unlimited hard limit above the kernel's nr_open
+            log.info("open files: keeping the soft limit %d (hard %d)", soft, hard)
+    return soft
+
+
+def connection_options() -> list[tuple[str, int]]:
+    """Concurrent streams per connection, and connections at most the open files left once
+    RESERVED_FILES are set aside: one more is refused by gRPC, not failed by the OS."""
+    connections = max(open_files_limit() - RESERVED_FILES, RESERVED_FILES)
+    return [
+        ("grpc.max_concurrent_streams", MAX_CONCURRENT_STREAMS),
+        ("grpc.max_allowed_incoming_connections", connections),
+    ]
 
 
 class RpcMetrics:
@@ -313,6 +346,7 @@ async def serve(
         # start and silently take half of its connections; its bind fails instead.
         options=message_options(config.max_message_mb)
         + SERVER_KEEPALIVE_OPTIONS
+        + connection_options()
         + [("grpc.so_reuseport", 0)],
     )
     names = service.register(server)

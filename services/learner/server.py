@@ -21,10 +21,10 @@ from apexrl.learner.best import BestModel
 from apexrl.learner.leases import Leases
 from apexrl.learner.metrics import LearnerMetrics
 from apexrl.learner.parameters import ParameterStore
-from apexrl.learner.servicer import LearnerServicer
+from apexrl.learner.servicer import LearnerServicer, add_to_server
 from apexrl.learner.training import Learner
 from apexrl.replay.sharded import connect
-from apexrl.v1 import learner_pb2, learner_pb2_grpc
+from apexrl.v1 import learner_pb2
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def build(
     thread = threading.Thread(target=train, name="train", daemon=True)
 
     def register(server) -> list[str]:
-        learner_pb2_grpc.add_LearnerServicer_to_server(servicer, server)
+        add_to_server(servicer, server)
         return [learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name]
 
     async def start_training() -> None:

@@ -1,4 +1,7 @@
-"""The Learner gRPC service: parameters and leases for actors, evaluation reports."""
+"""The Learner gRPC service: parameters and leases for actors, evaluation reports.
+
+GetParameters answers with bytes serialized by the ParameterStore (each version's parameters
+encoded once, at publish): `add_to_server` registers it with no response serializer."""
 
 import asyncio
 import contextlib
@@ -85,11 +88,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
             self.live_actors.set(count)
         if wait and not self._stopping:
             await self._wait_for_newer(request.have_version, request.have_lineage, wait, context)
-        self.store.fill(
-            response, request.have_version, request.have_lineage, request.in_order,
-            request.accept_changes,
-        )  # fmt: skip
-        return response
+        held = (request.have_version, request.have_lineage)
+        return self.store.serialize(response, *held, request.in_order, request.accept_changes)
 
     async def _wait_for_newer(self, version: int, lineage: int, wait: float, context) -> None:
         """Returns when a version newer than the one held is published (at once if it is not
@@ -112,3 +112,23 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
     async def ReportEvaluation(self, request, context):
         loop = asyncio.get_running_loop()  # the report may write a checkpoint
         return await loop.run_in_executor(self._reports, self.best.report, request)
+
+
+def add_to_server(servicer: LearnerServicer, server: grpc.aio.Server) -> None:
+    """Registers `servicer` as learner_pb2_grpc.add_LearnerServicer_to_server does, but with
+    GetParameters's answers passed through as the bytes it returns (already serialized)."""
+    handlers = {
+        "GetParameters": grpc.unary_unary_rpc_method_handler(
+            servicer.GetParameters,
+            request_deserializer=learner_pb2.GetParametersRequest.FromString,
+            response_serializer=None,  # bytes from ParameterStore.serialize
+        ),
+        "ReportEvaluation": grpc.unary_unary_rpc_method_handler(
+            servicer.ReportEvaluation,
+            request_deserializer=learner_pb2.ReportEvaluationRequest.FromString,
+            response_serializer=learner_pb2.ReportEvaluationResponse.SerializeToString,
+        ),
+    }
+    name = learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)

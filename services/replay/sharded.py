@@ -97,9 +97,9 @@ class ShardedReplayClient:
         stop: threading.Event | None = None,
         **options,
     ):
-        """options: max_message_mb, tls (see GrpcClient). retry_seconds: how long a call waits
-        for some shard to answer (None: forever); not at all once `stop` (the process's) is
-        set."""
+        """options: max_message_mb, tls, channel_options (see GrpcClient). retry_seconds: how
+        long a call waits for some shard to answer (None: forever); not at all once `stop`
+        (the process's) is set."""
         self.address, self.table, self.timeout = address, table, timeout
         self.retry_seconds, self.stop = retry_seconds, stop or threading.Event()
         self._options = options
@@ -156,11 +156,18 @@ class ShardedReplayClient:
             if address not in self._clients:
                 # A shard found through a name is dialled by IP; TLS still checks the name.
                 name = self.address[len(DNS_PREFIX) :].rpartition(":")[0] if self._dns else ""
+                options = dict(self._options)
+                channel = tuple(options.pop("channel_options", ()))
+                if name:
+                    channel += (("grpc.ssl_target_name_override", name),)
                 self._clients[address] = ReplayClient(
-                    address, table=self.table, timeout=self.timeout, retry_seconds=0,
-                    channel_options=(("grpc.ssl_target_name_override", name),) if name else (),
-                    **self._options,
-                )  # fmt: skip
+                    address,
+                    table=self.table,
+                    timeout=self.timeout,
+                    retry_seconds=0,
+                    channel_options=channel,
+                    **options,
+                )
             return self._clients[address]
 
     def _info(self, client: ReplayClient) -> tuple[int, replay_pb2.TableInfo]:

@@ -8,6 +8,14 @@ from apexrl.learner.parameters import ParameterStore
 from apexrl.v1 import learner_pb2
 
 
+def served(store: ParameterStore, have: int, lineage: int, **options):
+    """The store's answer as a caller decodes it."""
+    head = learner_pb2.GetParametersResponse()
+    return learner_pb2.GetParametersResponse.FromString(
+        store.serialize(head, have, lineage, **options)
+    )
+
+
 def test_leases_order_by_arrival_and_expire():
     leases = Leases(seconds=10)
     assert leases.renew("b", now=0) == (0, 1)
@@ -24,9 +32,7 @@ def test_parameter_versions_increase_and_current_callers_get_no_payload():
     store = ParameterStore()
     assert store.publish({"w": np.ones(3, np.float32)}, update_step=0) == 1
     assert store.publish({"w": np.full(3, 2, np.float32)}, update_step=10) == 2
-    fresh, current = learner_pb2.GetParametersResponse(), learner_pb2.GetParametersResponse()
-    store.fill(fresh, have_version=1, have_lineage=store.lineage)
-    store.fill(current, have_version=2, have_lineage=store.lineage)
+    fresh, current = served(store, 1, store.lineage), served(store, 2, store.lineage)
     assert (fresh.version, fresh.update_step, list(fresh.parameters)) == (2, 10, ["w"])
     assert np.frombuffer(fresh.parameters["w"].data, np.float32).tolist() == [2, 2, 2]
     assert current.version == 2 and len(current.parameters) == 0
@@ -42,9 +48,7 @@ def test_a_reissued_version_of_another_lineage_is_sent():
     resumed.publish({"w": np.full(1, 3, np.float32)}, update_step=60)
     resumed.publish({"w": np.full(1, 4, np.float32)}, update_step=70)
     assert lost.lineage != resumed.lineage
-    held, current = learner_pb2.GetParametersResponse(), learner_pb2.GetParametersResponse()
-    resumed.fill(held, have_version=7, have_lineage=lost.lineage)
-    resumed.fill(current, have_version=7, have_lineage=resumed.lineage)
+    held, current = served(resumed, 7, lost.lineage), served(resumed, 7, resumed.lineage)
     assert held.version == 7 and np.frombuffer(held.parameters["w"].data, np.float32) == 4
     assert current.version == 7 and len(current.parameters) == 0
 
@@ -56,8 +60,7 @@ def test_resumed_version_is_kept():
 
 
 def answer(store: ParameterStore, have: int, lineage: int, in_order: bool = True):
-    response = learner_pb2.GetParametersResponse()
-    store.fill(response, have_version=have, have_lineage=lineage, in_order=in_order)
+    response = served(store, have, lineage, in_order=in_order)
     w = np.frombuffer(response.parameters["w"].data, np.float32) if response.parameters else []
     return response.version, response.update_step, response.newest_version, list(w)
 
@@ -128,9 +131,7 @@ def versions_of(store: ParameterStore, rng: np.random.Generator, count: int, tou
 
 
 def pull(store: ParameterStore, have: int, lineage: int, in_order: bool = False):
-    response = learner_pb2.GetParametersResponse()
-    store.fill(response, have, lineage, in_order=in_order, accept_changes=True)
-    return response
+    return served(store, have, lineage, in_order=in_order, accept_changes=True)
 
 
 def test_a_caller_holding_a_recent_version_gets_only_the_rows_that_changed():
@@ -140,8 +141,7 @@ def test_a_caller_holding_a_recent_version_gets_only_the_rows_that_changed():
     store = ParameterStore()
     published = versions_of(store, np.random.default_rng(0), 30, touched=3)
     newest = published[30]
-    whole = learner_pb2.GetParametersResponse()
-    store.fill(whole, 29, store.lineage)  # without accept_changes: whole, as always
+    whole = served(store, 29, store.lineage)  # without accept_changes: whole, as always
     assert whole.changes_from == 0 and set(whole.parameters) == set(newest)
     for behind in (1, 4, CHANGE_VERSIONS):
         have = 30 - behind
