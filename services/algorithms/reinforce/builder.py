@@ -16,22 +16,22 @@ from dataclasses import dataclass
 from apexrl.algorithms.adders.episode import EpisodeAdder, episode_columns
 from apexrl.algorithms.base import Adder, ParameterSync, Policy
 from apexrl.algorithms.columns import Column
-from apexrl.algorithms.on_policy import TABLE, OnPolicyBuilder
+from apexrl.algorithms.on_policy import OnPolicyBuilder
+from apexrl.algorithms.tables import TABLE, QueueTable
 from apexrl.config import option
 
 BASELINES = ("none", "value")
 
 
 @dataclass
-class Settings:
-    """[reinforce]: REINFORCE's settings."""
+class Settings(QueueTable):
+    """[reinforce]: REINFORCE's settings (`capacity`: the episodes its queue holds)."""
 
     max_episode_steps: int = option(
         500,
         "steps an item holds (CartPole-v1's time limit): a longer episode is cut into items"
         " of at most this many steps, each cut ending as a truncation",
     )
-    capacity: int = option(64, "episodes the queue holds; actors wait while it is full")
     baseline: str = option(
         "value",
         "none (advantage: the return, normalised per batch) or value (a value network regressed"
