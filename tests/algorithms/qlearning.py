@@ -23,7 +23,7 @@ TABLE = "default"
 class Settings:
     """[qlearning]: one-step Q-learning's settings."""
 
-    exploration: float = option(0.1, "every actor's exploration epsilon (no ladder)")
+    fixed_epsilon: float = option(0.1, "every actor's exploration epsilon (no ladder)")
     target_update_interval: int = option(100, "updates between target network syncs")
     capacity: int = option(50_000, "transitions the uniform table holds")
     min_size_to_sample: int = option(500, "sampling waits until the table holds this many")
@@ -111,7 +111,7 @@ class QLearningBuilder(Builder):
         ]  # fmt: skip
 
     def exploration(self, index, count):
-        return self.settings.exploration
+        return self.settings.fixed_epsilon
 
     def adder(self, num_envs, policy):
         return NStepAdder(num_envs, 1, self.config.gamma, table=TABLE)
