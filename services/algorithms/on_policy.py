@@ -18,6 +18,7 @@ from apexrl.config import ReplayTableConfig, option
 
 # The replay's own default name: a replay started with flat settings (one table) serves it.
 TABLE = "default"
+PENDULUM = "Pendulum-v1"
 HIDDEN = "64,64"  # the MLP torsos' sizes unless the `hidden` setting says otherwise
 
 
@@ -94,6 +95,18 @@ class OnPolicyBuilder(Builder):
         if not is_atari(env_id):
             presets["learner"] |= EVERY_VERSION["learner"]
             presets["evaluator"] = dict(EVERY_VERSION["evaluator"])
+        return presets
+
+    @classmethod
+    def pendulum(cls, learner: dict) -> dict:
+        """Pendulum-v1's presets, rl-baselines3-zoo's ppo settings for it where they apply: 4
+        envs (2 actors x 2) x 1024 steps a batch, gamma 0.9, Adam at 1e-3, gradient norm 0.5
+        (SB3's default), no entropy bonus, a plain Gaussian (the zoo's use_sde, state-dependent
+        exploration, is not built here)."""
+        presets = cls.small_machine(PENDULUM, {"batch_size": 4, "learning_rate": 1e-3})
+        presets["learner"] |= {"max_grad_norm": 0.5, "gamma": 0.9, **learner}
+        presets["actor"] = {"num_envs": 2, "gamma": 0.9}
+        presets.setdefault("evaluator", {})["nice"] = 10
         return presets
 
     def check(self) -> None:

@@ -10,7 +10,7 @@ section 4) is kl_target > 0, with the clip or without it (clip_range 0).
 from dataclasses import dataclass
 
 from apexrl.algorithms.base import ParameterSync
-from apexrl.algorithms.on_policy import TABLE, OnPolicyBuilder, OnPolicySettings
+from apexrl.algorithms.on_policy import PENDULUM, TABLE, OnPolicyBuilder, OnPolicySettings
 from apexrl.config import option
 
 KL_COEF_RANGE = (1e-4, 10.0)  # the adaptive coefficient's bounds
@@ -53,7 +53,19 @@ class PPOBuilder(OnPolicyBuilder):
         """rl-baselines3-zoo's CartPole PPO (20 epochs of one minibatch, GAE lambda 0.8, no
         entropy bonus, gradient norm 0.5) at Adam 2e-3; its gamma 0.98 and linear decays are
         not copied. The evaluator, at nice 10, plays on the CPU that the learner and the actors
-        leave idle while they take turns. docs/benchmarks.md has the figures."""
+        leave idle while they take turns. Pendulum-v1: the zoo's ppo settings for it
+        (OnPolicyBuilder.pendulum: 10 epochs of 64 minibatches over 4 x 1024 steps, GAE lambda
+        0.95). docs/benchmarks.md has the figures."""
+        if env_id == PENDULUM:
+            presets = cls.pendulum({})
+            presets["ppo"] = {
+                "unroll_length": 1024,
+                "epochs": 10,
+                "minibatches": 64,
+                "gae_lambda": 0.95,
+                "entropy_cost": 0.0,
+            }
+            return presets
         presets = cls.small_machine(env_id, {"max_grad_norm": 0.5})
         presets["ppo"] = {"epochs": 20, "minibatches": 1, "gae_lambda": 0.8, "entropy_cost": 0.0}
         presets.setdefault("evaluator", {})["nice"] = 10
