@@ -20,13 +20,14 @@ CLIP = 10.0  # VecNormalize's clip_obs and clip_reward
 class RunningMeanStd(nn.Module):
     """Mean and variance of everything update() has seen, merged batch by batch (Chan et al.'s
     parallel algorithm, as SB3's RunningMeanStd), float64; count starts at 1e-4 (SB3's), mean
-    0 and variance 1."""
+    0 and variance 1. Every buffer has a dimension at least (the return's are [1]): published
+    parameters are compared row by row."""
 
-    def __init__(self, shape: tuple[int, ...] = ()):
+    def __init__(self, shape: tuple[int, ...] = (1,)):
         super().__init__()
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("var", torch.ones(shape, dtype=torch.float64))
-        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+        self.register_buffer("count", torch.full((1,), 1e-4, dtype=torch.float64))
 
     @torch.no_grad()
     def update(self, x: torch.Tensor) -> None:
@@ -40,7 +41,7 @@ class RunningMeanStd(nn.Module):
         m2 = self.var * self.count + batch_var * n + delta.pow(2) * self.count * n / total
         self.mean += delta * n / total
         self.var.copy_(m2 / total)
-        self.count.fill_(float(total))
+        self.count.copy_(total)
 
     def std(self) -> torch.Tensor:
         return torch.sqrt(self.var + EPSILON).float()
