@@ -185,3 +185,53 @@ def test_local_mode_refuses_a_gaussian_on_a_discrete_space_at_start_up(tmp_path)
     assert result.returncode != 0
     assert "distribution: gaussian needs a Box action space" in result.stderr + result.stdout
     assert not list((tmp_path / "run").glob("logs/*"))  # no service started
+
+
+@pytest.mark.parametrize("name", ["ppo", "impala", "unreal"])
+def test_each_on_policy_algorithm_learns_from_its_actors_box_items(name):
+    """The builder's own adders on Pendulum-v1 (unreal's replayed sequences and reward windows
+    too) make the batch; one update moves every part of the policy, the log-std included."""
+    from apexrl.algorithms.base import Step
+    from apexrl.algorithms.envs import make_vector_env
+    from apexrl.config import LearnerConfig
+
+    extra = {"pc_lambda": 0.0, "sequence_length": 5, "replay_batch": 3} if name == "unreal" else {}
+    settings = algorithms.get(name).Settings(
+        unroll_length=5, normalize_observations=True, normalize_rewards=True, **extra
+    )
+    config = LearnerConfig(algorithm=name, env="Pendulum-v1", hidden="16", algo=settings)
+    builder = algorithms.make(config)
+    learning, policy = builder.learning(config, torch.device("cpu")), builder.policy()
+    policy.load(learning.parameters())
+    envs, obs = make_vector_env("Pendulum-v1", 3, 0)
+    adders, rng, items = builder.adders(3, policy), np.random.default_rng(0), {}
+    for _ in range(5):
+        actions, extras = policy.step(obs, 1.0, rng)
+        next_obs, rewards, terminated, truncated, _ = envs.step(actions)
+        step = Step(
+            obs,
+            actions,
+            extras,
+            rewards.astype(np.float32),
+            terminated,
+            truncated,
+            next_obs,
+            next_obs,
+            1,
+        )
+        for adder in adders:
+            made = adder.add(step)
+            if made is not None:
+                items[adder.table] = made  # the last of each table's (the reward windows')
+        obs = next_obs
+    batch = {k: torch.from_numpy(v) for k, v in items.pop("default").items()}
+    assert batch["actions"].dtype == torch.float32 and batch["actions"].shape == (3, 5, 1)
+    assert "returns" in batch
+    for table, made in items.items():
+        batch |= {f"{table}/{k}": torch.from_numpy(v) for k, v in made.items()}
+    before = learning.parameters()
+    _, figures = learning.update(batch, torch.ones(3), 1)
+    after = learning.parameters()
+    assert np.isfinite(figures["loss"]) and set(builder.figures) <= set(figures)
+    for part in ("gaussian.mean.weight", "gaussian.log_std", "value.weight", "obs_norm.mean"):
+        assert not np.array_equal(before[part], after[part]), part
