@@ -58,9 +58,9 @@ class IMPALABuilder(OnPolicyBuilder):
         a CNN's second pass costs the learner the time the actors wait for.
         Pendulum-v1: gamma, Adam's rate and the gradient clip of the zoo's ppo settings
         (OnPolicyBuilder.pendulum), 8 unrolls of 64 steps a batch, 4 clipped passes and a
-        version after each update (the actors' lag is what V-trace corrects: at a version every
-        10th update of 10 passes the policy collapsed), GAE's lambda 0.95, normalized advantages
-        and no entropy bonus, as ppo's.
+        version after each update (a version every 10th update of 10 passes let the actors lag
+        until the policy collapsed), GAE's lambda 0.95, normalized advantages and no entropy
+        bonus, as ppo's, and rewards scaled by the return's running std.
         docs/experiments/local-mode.md has the figures."""
         if env_id == PENDULUM:
             presets = cls.pendulum({"batch_size": 8, "publish_interval": 1})
@@ -70,6 +70,7 @@ class IMPALABuilder(OnPolicyBuilder):
                 "gae_lambda": 0.95,
                 "normalize_advantages": True,
                 "entropy_cost": 0.0,
+                "normalize_rewards": True,
             }
             return presets
         presets = cls.small_machine(env_id, {"publish_interval": 4})
