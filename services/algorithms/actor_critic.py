@@ -30,15 +30,16 @@ from apexrl.algorithms.ppo.losses import Categorical
 
 
 class ActorCriticNetwork(nn.Module):
-    """Policy logits and state value, built as Stable-Baselines3's policies (and CleanRL's PPO)
-    build them: for vector observations two tanh MLP torsos of the same shape (the value loss
-    does not pull on the policy's features, SB3's MlpPolicy); for images one Nature conv torso
-    (ReLU) under both heads (SB3's CnnPolicy, A2C's, IMPALA's and UNREAL's networks), whose
-    features the value loss trains too: with a conv torso of its own, shaped by the policy
-    gradient alone, impala's Pong policy was still near uniform after 1.8M frames (entropy
-    1.786 of ln 6 = 1.792). Orthogonal weights with gain sqrt(2) in the torsos, 0.01 on the
-    logits (a near-uniform first policy) and 1 on the value, zero biases. Outputs leave a
-    bfloat16 autocast (`precision`) as float32: V-trace, GAE and the log-softmax run in float32."""
+    """Policy logits (or a Gaussian's mean and log-std: gaussian.py) and state value, built as
+    Stable-Baselines3's policies (and CleanRL's PPO) build them: for vector observations two tanh
+    MLP torsos of the same shape (the value loss does not pull on the policy's features, SB3's
+    MlpPolicy); for images one Nature conv torso (ReLU) under both heads (SB3's CnnPolicy,
+    A2C's, IMPALA's and UNREAL's networks), whose features the value loss trains too: with a
+    conv torso of its own, shaped by the policy gradient alone, impala's Pong policy was still
+    near uniform after 1.8M frames (entropy 1.786 of ln 6 = 1.792). Orthogonal weights with
+    gain sqrt(2) in the torsos, 0.01 on the logits or the mean (a near-uniform first policy) and
+    1 on the value, zero biases. Outputs leave a bfloat16 autocast (`precision`) as float32:
+    V-trace, GAE and the log-softmax run in float32."""
 
     def __init__(
         self,

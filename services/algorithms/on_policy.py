@@ -135,6 +135,8 @@ class OnPolicyBuilder(Builder):
                 f"distribution: {s.distribution} needs {'a Box' if spec.discrete else 'a Discrete'}"
                 f" action space; {spec.env_id} has {space} (use {wanted} or auto)"
             )
+        if not np.isfinite(s.log_std_init):
+            raise ValueError(f"log_std_init: must be finite, got {s.log_std_init}")
         if spec.discrete and s.log_std_init != 0:
             raise ValueError(
                 f"log_std_init: sets a Gaussian policy's log-std; {spec.env_id} has {space}"
