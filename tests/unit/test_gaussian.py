@@ -143,6 +143,7 @@ def test_numpy_and_torch_gaussian_policies_act_alike(normalize):
             {"log_std_init": -1.0},
             r"log_std_init: sets a Gaussian policy's log-std; CartPole-v1 has a Discrete one",
         ),
+        ("ppo", "Pendulum-v1", {"log_std_init": float("nan")}, r"log_std_init: must be finite"),
         (
             "unreal",
             "Pendulum-v1",
