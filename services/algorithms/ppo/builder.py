@@ -39,7 +39,6 @@ class Settings(OnPolicySettings):
 class PPOBuilder(OnPolicyBuilder):
     name = "ppo"
     Settings = Settings
-    parameter_sync = ParameterSync(periodic=False, newer_each_item=True)
     learning_class = "apexrl.algorithms.ppo.learning:PPOLearning"
     figures = {
         **OnPolicyBuilder.figures,
@@ -47,6 +46,16 @@ class PPOBuilder(OnPolicyBuilder):
         "clip_fraction": "Fraction of the last minibatch's ratios outside the clip range.",
         "kl_coef": "The KL penalty's coefficient for the next update (0: no penalty).",
     }
+
+    @property
+    def parameter_sync(self) -> ParameterSync:
+        """Each unroll acted by a newer version than the last: an actor waits for the next one
+        1 s per 256 steps of its unrolls, at least 1 s (then acts again on the old one, should
+        the learner lack unrolls of it). A longer batch keeps the learner longer, and an unroll
+        acted on the old version while it trains is dropped: at 1 s, Pendulum's actors (1024
+        steps) acted about twice the steps the learner used."""
+        wait = max(1.0, self.settings.unroll_length / 256)
+        return ParameterSync(periodic=False, newer_each_item=True, wait_seconds=wait)
 
     @classmethod
     def presets(cls, env_id: str) -> dict:
