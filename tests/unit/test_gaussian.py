@@ -236,3 +236,16 @@ def test_each_on_policy_algorithm_learns_from_its_actors_box_items(name):
     assert np.isfinite(figures["loss"]) and set(builder.figures) <= set(figures)
     for part in ("gaussian.mean.weight", "gaussian.log_std", "value.weight", "obs_norm.mean"):
         assert not np.array_equal(before[part], after[part]), part
+
+
+def test_pendulum_presets_are_the_zoos_and_ppos_actors_wait_for_the_long_batches():
+    presets = algorithms.get("ppo").presets("Pendulum-v1")
+    assert (
+        presets["ppo"] | {"unroll_length": 1024, "epochs": 10, "minibatches": 64} == presets["ppo"]
+    )
+    assert presets["learner"]["gamma"] == presets["actor"]["gamma"] == 0.9
+    # local mode's 2 actors: 4 envs, each unroll one env's, as the zoo's n_envs 4
+    assert presets["learner"]["batch_size"] == 2 * presets["actor"]["num_envs"] == 4
+    long = builder(unroll_length=1024).parameter_sync
+    assert (long.newer_each_item, long.wait_seconds) == (True, 4.0)
+    assert builder(unroll_length=32).parameter_sync.wait_seconds == 1.0
