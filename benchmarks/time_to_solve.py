@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/time_to_solve.py --task acrobot --only apexrl
     .venv/bin/python benchmarks/time_to_solve.py --seeds 5 \
         --task cartpole-ppo cartpole-impala acrobot-ppo acrobot-impala  # on-policy, side by side
+    .venv/bin/python benchmarks/time_to_solve.py --seeds 5 --task pendulum-ppo pendulum-impala
 
 Tasks: cartpole (CartPole-v1, target 475; apexrl dqn vs SB3 DQN), novelocity-r2d2 and
 novelocity-dqn (apexrl/CartPoleNoVelocity-v1, 475: r2d2, and the feed-forward dqn beside it; no SB3
@@ -21,9 +22,11 @@ the zoo's own TD3 setting before 2024): the same updates per env step, and the e
 each training round runs once per episode rather than once per step.
 
 On-policy tasks: cartpole-ppo, cartpole-impala, cartpole-unreal, cartpole-reinforce (CartPole-v1,
-475; reinforce has no SB3 peer: run cartpole-ppo beside it, with --only apexrl) and
-acrobot-ppo, acrobot-impala (Acrobot-v1, -100): apexrl ppo or impala against SB3 PPO with the zoo's
-hyperparams/ppo.yml (its lin_X schedules decay over the zoo's n_timesteps; Acrobot under
+475; reinforce has no SB3 peer: run cartpole-ppo beside it, with --only apexrl),
+acrobot-ppo, acrobot-impala (Acrobot-v1, -100) and, with Gaussian policies on continuous actions,
+pendulum-ppo, pendulum-impala (Pendulum-v1, -200): apexrl ppo or impala against SB3 PPO with the
+zoo's hyperparams/ppo.yml (Pendulum: the zoo's gSDE exploration for SB3, a plain Gaussian for
+apexrl) (its lin_X schedules decay over the zoo's n_timesteps; Acrobot under
 VecNormalize, whose statistics at that moment normalize the greedy episodes' observations and
 travel with the best model). apexrl runs local mode's settings for the algorithm (plus
 `--apexrl-config`'s, for experiments). SB3's
@@ -103,6 +106,30 @@ PPO_ACROBOT = dict(
     targets=ON_POLICY_TARGETS,
 )  # fmt: skip
 
+# hyperparams/ppo.yml, Pendulum-v1 (batch_size: SB3's default, 64), gSDE included
+PENDULUM_ZOO = dict(
+    n_steps=1024,
+    gae_lambda=0.95,
+    gamma=0.9,
+    n_epochs=10,
+    ent_coef=0.0,
+    learning_rate=1e-3,
+    clip_range=0.2,
+    use_sde=True,
+    sde_sample_freq=4,
+)
+PPO_PENDULUM = dict(
+    env="Pendulum-v1",
+    target=-200.0,
+    sb3="PPO",
+    zoo_timesteps=100_000,
+    n_envs=4,
+    zoo=PENDULUM_ZOO,
+    from_first_step=True,
+    sb3_threads=1,
+    targets=ON_POLICY_TARGETS,
+)
+
 R2D2_TARGETS = (
     "r2d2: solved on every seed within 300 s, every saved best model holding its"
     " score over 100 fresh episodes; dqn beside it on the same env and budget"
@@ -181,6 +208,8 @@ TASKS = {
                                               targets=REINFORCE_TARGETS),
     "acrobot-ppo": PPO_ACROBOT | dict(algorithm="ppo"),
     "acrobot-impala": PPO_ACROBOT | dict(algorithm="impala"),
+    "pendulum-ppo": PPO_PENDULUM | dict(algorithm="ppo"),
+    "pendulum-impala": PPO_PENDULUM | dict(algorithm="impala", targets="solved on every seed"),
 }  # fmt: skip
 
 

@@ -84,30 +84,30 @@ def stacked_columns(name: str, spec: EnvSpec, length: int) -> list[Column]:
     ]
 
 
-def unroll_columns(
-    spec: EnvSpec, length: int, algorithm: str = "the on-policy algorithms"
-) -> list[Column]:
+def unroll_columns(spec: EnvSpec, length: int, returns: bool = False) -> list[Column]:
     """An unroll (adders/unroll.py): `length` consecutive steps of one env as one item, the time
     dimension first in every column. observations [length + 1, *obs] (the last is the
     observation after the last step, for the bootstrap value; stacked frames stored once per
-    step, stacked_columns), actions, rewards, discounts
+    step, stacked_columns), actions (Discrete: int64 indices; Box: the policy's float32
+    samples [length, *action], unclipped, so unbounded), rewards, discounts
     (gamma, 0 after a terminal; a truncated step's reward carries gamma * V(final obs)), the
-    behaviour policy's log-probabilities [length], and the parameter version that acted [].
-    Discrete actions (int64 indices) only."""
+    behaviour policy's log-probabilities [length], with `returns` the running discounted
+    return of each step (reward normalization's statistics), and the parameter version that
+    acted []."""
     if length < 1:
         raise ValueError(f"unroll_length: must be >= 1, got {length}")
-    if not spec.discrete:
-        raise ValueError(
-            f"algorithm: {algorithm} acts in Discrete action spaces; {spec.env_id} has a"
-            " continuous one (use algorithm = dpg)"
-        )
     f32 = np.dtype(np.float32)
+    if spec.discrete:
+        actions = Column("actions", np.dtype(np.int64), (length,))
+    else:
+        actions = Column("actions", f32, (length, *spec.action_shape))
     return [
         *stacked_columns("observations", spec, length + 1),
-        Column("actions", np.dtype(np.int64), (length,)),
+        actions,
         Column("rewards", f32, (length,)),
         Column("discounts", f32, (length,)),
         Column("log_probs", f32, (length,)),
+        *([Column("returns", f32, (length,))] if returns else []),
         Column("version", np.dtype(np.int64), ()),
     ]
 

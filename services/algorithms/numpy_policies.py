@@ -97,30 +97,107 @@ class MLPQPolicy(NumpyPolicy):
         return np.abs(target - q).astype(np.float32)
 
 
+class Softmax:
+    """How a softmax policy's logits [B, A] become actions: sampled, or the most likely."""
+
+    names = ("logits.weight", "logits.bias")
+
+    def output(self, arrays: Arrays, features: np.ndarray) -> np.ndarray:
+        return linear(arrays, "logits", features)
+
+    def sample(self, logits: np.ndarray, rng: np.random.Generator):
+        actions, log_probs = draw(log_softmax(logits), rng)
+        return actions, {"log_probs": log_probs}
+
+    def mode(self, logits: np.ndarray) -> np.ndarray:
+        return logits.argmax(1)
+
+
+class ClippedGaussian:
+    """How a diagonal Gaussian's output [B, 2 * dims] (mean, log-std: gaussian.py) becomes
+    actions: a sample clipped to [low, high] for the env, its unclipped value
+    ("sampled_actions") and log-probability recorded for the learner; evaluation plays the
+    clipped mean."""
+
+    names = ("gaussian.mean.weight", "gaussian.mean.bias", "gaussian.log_std")
+
+    def __init__(self, low: np.ndarray, high: np.ndarray):
+        self.low, self.high = np.asarray(low, np.float32), np.asarray(high, np.float32)
+
+    def output(self, arrays: Arrays, features: np.ndarray) -> np.ndarray:
+        mean = linear(arrays, "gaussian.mean", features)
+        return np.concatenate([mean, np.broadcast_to(arrays["gaussian.log_std"], mean.shape)], 1)
+
+    def sample(self, out: np.ndarray, rng: np.random.Generator):
+        dims = out.shape[1] // 2
+        mean, log_std = out[:, :dims], out[:, dims:]
+        noise = rng.standard_normal(mean.shape).astype(np.float32)
+        samples = (mean + np.exp(log_std) * noise).astype(np.float32)
+        log_probs = (-0.5 * noise**2 - log_std - 0.5 * np.log(2 * np.pi)).sum(1)
+        extras = {"log_probs": log_probs.astype(np.float32), "sampled_actions": samples}
+        return np.clip(samples, self.low, self.high), extras
+
+    def mode(self, out: np.ndarray) -> np.ndarray:
+        return np.clip(out[:, : out.shape[1] // 2], self.low, self.high).astype(np.float32)
+
+
+ActionHead = Softmax | ClippedGaussian
+
+OBS_NORM = ("obs_norm.mean", "obs_norm.var", "obs_norm.count")
+RETURN_NORM = ("return_norm.mean", "return_norm.var", "return_norm.count")
+NORM_EPSILON, NORM_CLIP = 1e-8, 10.0  # normalizer.py's
+
+
 class MLPActorCriticPolicy(NumpyPolicy):
     """impala's and ppo's ActorCriticPolicy for tanh MLP torsos: actors sample the policy and
-    record the log-probabilities; evaluation takes the most likely action."""
+    record the log-probabilities; evaluation takes the most likely action. With the running
+    statistics of normalizer.py (obs_norm, return_norm) when the network keeps them."""
 
-    def __init__(self, depth: int):
-        heads = {f"{head}.{p}" for head in ("logits", "value") for p in ("weight", "bias")}
-        super().__init__(mlp_names("policy_torso", depth) | mlp_names("value_torso", depth) | heads)
+    def __init__(
+        self,
+        depth: int,
+        actions: ActionHead | None = None,
+        *,
+        normalize_obs: bool = False,
+        normalize_returns: bool = False,
+    ):
+        self.actions = actions or Softmax()
+        value = {"value.weight", "value.bias"}
+        norms = OBS_NORM * normalize_obs + RETURN_NORM * normalize_returns
+        torsos = mlp_names("policy_torso", depth) | mlp_names("value_torso", depth)
+        super().__init__(torsos | value | set(self.actions.names) | set(norms))
+        self.normalize_obs, self.normalize_returns = normalize_obs, normalize_returns
+
+    def normalized(self, obs: np.ndarray) -> np.ndarray:
+        if not self.normalize_obs:
+            return obs
+        mean, var = self.arrays["obs_norm.mean"], self.arrays["obs_norm.var"]
+        return np.clip((obs - mean) / np.sqrt(var + NORM_EPSILON), -NORM_CLIP, NORM_CLIP)
+
+    def head(self, obs: np.ndarray) -> np.ndarray:
+        features = mlp(self.arrays, "policy_torso", self.normalized(obs), np.tanh)
+        return self.actions.output(self.arrays, features)
 
     def log_probs(self, obs: np.ndarray) -> np.ndarray:
-        features = mlp(self.arrays, "policy_torso", obs, np.tanh)
-        return log_softmax(linear(self.arrays, "logits", features))
+        """The softmax policy's log-probabilities [B, A]."""
+        return log_softmax(self.head(obs))
 
     def act(self, obs: np.ndarray, exploration: float, rng: np.random.Generator) -> np.ndarray:
         if exploration > 0:
-            return draw(self.log_probs(obs), rng)[0]
-        return self.log_probs(obs).argmax(1)
+            return self.step(obs, exploration, rng)[0]
+        return self.actions.mode(self.head(obs))
 
     def step(self, obs, exploration, rng):
-        actions, log_probs = draw(self.log_probs(obs), rng)
-        return actions, {"log_probs": log_probs}
+        return self.actions.sample(self.head(obs), rng)
 
     def values(self, obs: np.ndarray) -> np.ndarray:
-        """V(obs) [B] (an actor bootstraps a truncated episode's last reward with it)."""
-        return linear(self.arrays, "value", mlp(self.arrays, "value_torso", obs, np.tanh))[:, 0]
+        """V(obs) [B] in the env's reward units (an actor bootstraps a truncated episode's last
+        reward with it)."""
+        features = mlp(self.arrays, "value_torso", self.normalized(obs), np.tanh)
+        values = linear(self.arrays, "value", features)[:, 0]
+        if self.normalize_returns:
+            values = values * np.sqrt(self.arrays["return_norm.var"] + NORM_EPSILON)
+        return values
 
     def priorities(self, items: dict[str, np.ndarray]) -> np.ndarray:
         """Unrolls are consumed in order, not by priority: all 1."""

@@ -1,8 +1,14 @@
 """What the on-policy algorithms (impala, ppo) share, torch-free: actors sample their policy into
 unrolls of one version each, written to a queue table (each unroll sampled once, oldest first;
-actors wait while it is full) that the learner reads in exact batches."""
+actors wait while it is full) that the learner reads in exact batches.
+
+The policy is a softmax over a Discrete action space, a diagonal Gaussian over a Box one
+(gaussian.py); observations and rewards may be normalized by running statistics that travel
+with the parameters (normalizer.py)."""
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from apexrl.algorithms.adders.unroll import UnrollAdder
 from apexrl.algorithms.base import Adder, Builder, ParameterSync, Policy, hidden_sizes
@@ -11,10 +17,12 @@ from apexrl.algorithms.envs import is_atari
 from apexrl.algorithms.tables import TABLE, QueueTable
 from apexrl.config import option
 
+PENDULUM = "Pendulum-v1"
 HIDDEN = "64,64"  # the MLP torsos' sizes unless the `hidden` setting says otherwise
 
 
 OPTIMIZERS = ("adam", "rmsprop")
+DISTRIBUTIONS = ("auto", "softmax", "gaussian")
 
 
 @dataclass
@@ -30,6 +38,23 @@ class OnPolicySettings(QueueTable):
         1e-5,
         "the optimizer's epsilon, added to the root of its second moment (it counts against the"
         " gradient's scale, and these losses are means over the batch, not sums)",
+    )
+    distribution: str = option(
+        "auto",
+        "the policy: softmax (Discrete actions), gaussian (Box actions: a diagonal Gaussian with"
+        " a learned, state-independent log-std; samples clipped to the bounds), or auto (the"
+        " one the env's action space takes)",
+    )
+    log_std_init: float = option(0.0, "gaussian: the log-std's first value (0: std 1, as SB3's)")
+    normalize_observations: bool = option(
+        False,
+        "observations normalized by their running mean and variance, clipped to +-10 (SB3's"
+        " VecNormalize); the statistics travel with the parameters (vector observations only)",
+    )
+    normalize_rewards: bool = option(
+        False,
+        "rewards divided by the running std of the discounted return, clipped to +-10 (SB3's"
+        " VecNormalize); the statistics travel with the parameters",
     )
 
 
@@ -70,8 +95,21 @@ class OnPolicyBuilder(Builder):
             presets["evaluator"] = dict(EVERY_VERSION["evaluator"])
         return presets
 
+    @classmethod
+    def pendulum(cls, learner: dict) -> dict:
+        """Pendulum-v1's presets, rl-baselines3-zoo's ppo settings for it where they apply: 4
+        envs (2 actors x 2) x 1024 steps a batch, gamma 0.9, Adam at 1e-3, gradient norm 0.5
+        (SB3's default), no entropy bonus, a plain Gaussian (the zoo's use_sde, state-dependent
+        exploration, is not built here)."""
+        presets = cls.small_machine(PENDULUM, {"batch_size": 4, "learning_rate": 1e-3})
+        presets["learner"] |= {"max_grad_norm": 0.5, "gamma": 0.9, **learner}
+        presets["actor"] = {"num_envs": 2, "gamma": 0.9}
+        presets.setdefault("evaluator", {})["nice"] = 10
+        return presets
+
     def check(self) -> None:
-        self.columns()  # refuses continuous action spaces and a bad unroll_length
+        self.columns()  # refuses a bad unroll_length
+        self.check_policy()
         if self.settings.optimizer not in OPTIMIZERS:
             raise ValueError(
                 f"optimizer: must be one of {', '.join(OPTIMIZERS)}, got {self.settings.optimizer!r}"
@@ -79,8 +117,42 @@ class OnPolicyBuilder(Builder):
         if not self.settings.optimizer_eps > 0:
             raise ValueError(f"optimizer_eps: must be > 0, got {self.settings.optimizer_eps}")
 
+    def check_policy(self) -> None:
+        """Refuses a policy the action space cannot take, and normalization it cannot use."""
+        s, spec = self.settings, self.spec
+        if s.distribution not in DISTRIBUTIONS:
+            raise ValueError(
+                f"distribution: must be one of {', '.join(DISTRIBUTIONS)}, got {s.distribution!r}"
+            )
+        space = f"a Box one of shape {spec.action_shape}"
+        if spec.discrete:
+            space = f"a Discrete one with {spec.num_actions} actions"
+        wanted = "softmax" if spec.discrete else "gaussian"
+        if s.distribution not in ("auto", wanted):
+            raise ValueError(
+                f"distribution: {s.distribution} needs {'a Box' if spec.discrete else 'a Discrete'}"
+                f" action space; {spec.env_id} has {space} (use {wanted} or auto)"
+            )
+        if not np.isfinite(s.log_std_init):
+            raise ValueError(f"log_std_init: must be finite, got {s.log_std_init}")
+        if spec.discrete and s.log_std_init != 0:
+            raise ValueError(
+                f"log_std_init: sets a Gaussian policy's log-std; {spec.env_id} has {space}"
+                " (a softmax policy: leave it at 0)"
+            )
+        if not spec.discrete and len(spec.action_shape) != 1:
+            raise ValueError(
+                f"env {spec.env_id}: a Gaussian policy needs 1-D Box actions, got {space}"
+            )
+        if s.normalize_observations and not spec.vector_obs:
+            raise ValueError(
+                f"normalize_observations: needs vector observations, {spec.env_id} has"
+                f" {spec.obs_shape} {np.dtype(spec.obs_dtype)}"
+            )
+
     def columns(self) -> list[Column]:
-        return unroll_columns(self.spec, self.settings.unroll_length, self.name)
+        s = self.settings
+        return unroll_columns(self.spec, s.unroll_length, returns=s.normalize_rewards)
 
     def exploration(self, index: int, count: int) -> float:
         """No ladder: every actor samples its policy (1 = sample, 0 would be greedy)."""
@@ -91,7 +163,31 @@ class OnPolicyBuilder(Builder):
         return UnrollAdder(
             num_envs, self.settings.unroll_length, spec.obs_shape, spec.obs_dtype,
             gamma=self.config.gamma, values=policy.values, table=TABLE,
+            **self.action_options(), returns=self.settings.normalize_rewards,
         )  # fmt: skip
+
+    def action_options(self) -> dict:
+        """The actions an adder records: int64 indices, or float32 Gaussian samples."""
+        if self.spec.discrete:
+            return {"action_shape": (), "action_dtype": np.int64}
+        return {"action_shape": self.spec.action_shape, "action_dtype": np.float32}
+
+    def network_options(self) -> dict:
+        """ActorCriticNetwork's keyword arguments: the Gaussian's and the normalizers'."""
+        s, spec = self.settings, self.spec
+        return {
+            "action_dims": 0 if spec.discrete else int(np.prod(spec.action_shape)),
+            "log_std_init": s.log_std_init,
+            "normalize_obs": s.normalize_observations,
+            "normalize_returns": s.normalize_rewards,
+        }
+
+    def action_head(self):
+        """How the policy's output becomes actions (numpy_policies: Softmax, ClippedGaussian)."""
+        from apexrl.algorithms.numpy_policies import ClippedGaussian, Softmax
+
+        spec = self.spec
+        return Softmax() if spec.discrete else ClippedGaussian(spec.action_low, spec.action_high)
 
     def dataset(self):
         from apexrl.algorithms.datasets import Queue
@@ -104,18 +200,24 @@ class OnPolicyBuilder(Builder):
         spec = self.spec
         return ActorCriticNetwork(
             spec.obs_shape, spec.obs_dtype, spec.num_actions,
-            hidden_sizes(self.config.hidden, HIDDEN),
+            hidden_sizes(self.config.hidden, HIDDEN), **self.network_options(),
         )  # fmt: skip
 
     def policy(self):
         """In numpy for MLPs (no torch in the actor: algorithms/numpy_policies.py)."""
+        s = self.settings
         if self.spec.vector_obs:
             from apexrl.algorithms.numpy_policies import MLPActorCriticPolicy
 
-            return MLPActorCriticPolicy(len(hidden_sizes(self.config.hidden, HIDDEN)))
+            depth = len(hidden_sizes(self.config.hidden, HIDDEN))
+            normalizers = {
+                "normalize_obs": s.normalize_observations,
+                "normalize_returns": s.normalize_rewards,
+            }
+            return MLPActorCriticPolicy(depth, self.action_head(), **normalizers)
         from apexrl.algorithms.actor_critic import ActorCriticPolicy
 
-        return ActorCriticPolicy(self.network())
+        return ActorCriticPolicy(self.network(), self.action_head())
 
     def learning(self, config, device):
         import importlib

@@ -294,10 +294,10 @@ def test_impala_passes_share_one_vtrace_and_clip_against_the_first_policy(monkey
         traces.append((args[1].detach().clone(), kwargs))
         return vtrace(*args, **kwargs)
 
-    def recording_loss(logits, actions, values, targets, *args):
+    def recording_loss(logits, actions, values, targets, *args, **kwargs):
         log_pi = torch.log_softmax(logits, -1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
         losses.append((log_pi.detach().clone(), targets, *args))
-        return impala_loss(logits, actions, values, targets, *args)
+        return impala_loss(logits, actions, values, targets, *args, **kwargs)
 
     monkeypatch.setattr(impala, "vtrace", recording_vtrace)
     monkeypatch.setattr(impala, "impala_loss", recording_loss)

@@ -13,7 +13,7 @@ seeds went unsolved in 60 s).
 from dataclasses import dataclass
 
 from apexrl.algorithms.envs import is_atari
-from apexrl.algorithms.on_policy import OnPolicyBuilder, OnPolicySettings
+from apexrl.algorithms.on_policy import PENDULUM, OnPolicyBuilder, OnPolicySettings
 from apexrl.config import option
 
 
@@ -56,7 +56,23 @@ class IMPALABuilder(OnPolicyBuilder):
         On Atari, IMPALA's published learning rate and gradient clip (6e-4 and 40, the Atari
         hyperparameters of Espeholt et al. 2018) and one pass: 2e-3 is a rate for the MLPs, and
         a CNN's second pass costs the learner the time the actors wait for.
+        Pendulum-v1: gamma, Adam's rate and the gradient clip of the zoo's ppo settings
+        (OnPolicyBuilder.pendulum), 8 unrolls of 64 steps a batch, 4 clipped passes and a
+        version after each update (a version every 10th update of 10 passes let the actors lag
+        until the policy collapsed), GAE's lambda 0.95, normalized advantages and no entropy
+        bonus, as ppo's, and rewards scaled by the return's running std.
         docs/experiments/local-mode.md has the figures."""
+        if env_id == PENDULUM:
+            presets = cls.pendulum({"batch_size": 8, "publish_interval": 1})
+            presets["impala"] = {
+                "unroll_length": 64,
+                "passes": 4,
+                "gae_lambda": 0.95,
+                "normalize_advantages": True,
+                "entropy_cost": 0.0,
+                "normalize_rewards": True,
+            }
+            return presets
         presets = cls.small_machine(env_id, {"publish_interval": 4})
         presets["impala"] = {"passes": 2}
         if is_atari(env_id):

@@ -8,11 +8,11 @@ from apexrl.algorithms.impala.vtrace import impala_loss, vtrace
 
 
 class IMPALALearning(UnrollLearning):
-    def update(self, batch, weights, step):
-        config = self.settings
+    def learn(self, batch, weights, step):
+        config, distribution = self.settings, self.net.distribution
         logits, values, bootstrap = self.forward(batch)
         actions = self.time_major(batch, "actions")
-        log_pi = torch.log_softmax(logits, -1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        log_pi = distribution.evaluate(logits, actions)[0]
         targets = vtrace(
             self.time_major(batch, "log_probs"),
             log_pi,
@@ -30,7 +30,7 @@ class IMPALALearning(UnrollLearning):
                 logits, values, _ = self.forward(batch)
             loss, figures = impala_loss(
                 logits, actions, values, targets, config.value_cost, config.entropy_cost,
-                start, clip, config.normalize_advantages,
+                start, clip, config.normalize_advantages, distribution=distribution,
             )  # fmt: skip
             extra, extra_figures = self.auxiliary(batch)
             figures |= extra_figures | {"loss": (loss + extra).detach()}

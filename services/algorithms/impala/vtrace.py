@@ -21,9 +21,8 @@ that continued into an observation of that value; the value is the actor's, not 
 from typing import NamedTuple
 
 import torch
-from torch.distributions import Categorical
 
-from apexrl.algorithms.ppo.losses import clipped_surrogate, normalized
+from apexrl.algorithms.ppo.losses import Categorical, clipped_surrogate, normalized
 
 
 class VTrace(NamedTuple):
@@ -81,10 +80,13 @@ def impala_loss(
     start_log_probs: torch.Tensor | None = None,
     clip_range: float | None = None,
     normalize: bool = False,
+    distribution=Categorical,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The IMPALA loss of a discrete (softmax) policy and its figures (detached scalars).
+    """The IMPALA loss of a softmax policy (or a Gaussian's, with `distribution`
+    gaussian.DiagGaussian) and its figures (detached scalars).
 
-    logits [T, B, A] and values [T, B] are the learner's, with gradients; targets is what
+    logits [T, B, A] (a Gaussian's output [T, B, 2 * dims]) and values [T, B] are the
+    learner's, with gradients; targets is what
     vtrace() returned for the same unroll. Every term is a mean over the T * B steps (the
     reference sums; a mean keeps learning rates independent of T and B):
       policy:   -log pi(a_t | x_t) * pg_advantage_t
@@ -97,15 +99,14 @@ def impala_loss(
     `clip_range` (None: -r A). At r = 1 its gradient is the plain term's; a learner taking
     several steps on one batch stops pulling a ratio past the clip.
     """
-    policy = Categorical(logits=logits)
-    log_pi = policy.log_prob(actions)
+    log_pi, entropies = distribution.evaluate(logits, actions)
     advantages = normalized(targets.pg_advantages) if normalize else targets.pg_advantages
     if start_log_probs is None:
         policy_loss = -(log_pi * advantages).mean()
     else:
         policy_loss = clipped_surrogate(log_pi - start_log_probs, advantages, clip_range)
     baseline_loss = 0.5 * (targets.vs - values).pow(2).mean()
-    entropy = policy.entropy().mean()
+    entropy = entropies.mean()
     loss = policy_loss + baseline_cost * baseline_loss - entropy_cost * entropy
     figures = {
         "loss": loss.detach(),

@@ -10,7 +10,7 @@ section 4) is kl_target > 0, with the clip or without it (clip_range 0).
 from dataclasses import dataclass
 
 from apexrl.algorithms.base import ParameterSync
-from apexrl.algorithms.on_policy import OnPolicyBuilder, OnPolicySettings
+from apexrl.algorithms.on_policy import PENDULUM, OnPolicyBuilder, OnPolicySettings
 from apexrl.algorithms.tables import TABLE
 from apexrl.config import option
 
@@ -42,7 +42,6 @@ class Settings(OnPolicySettings):
 class PPOBuilder(OnPolicyBuilder):
     name = "ppo"
     Settings = Settings
-    parameter_sync = ParameterSync(periodic=False, newer_each_item=True)
     learning_class = "apexrl.algorithms.ppo.learning:PPOLearning"
     figures = {
         **OnPolicyBuilder.figures,
@@ -51,12 +50,34 @@ class PPOBuilder(OnPolicyBuilder):
         "kl_coef": "The KL penalty's coefficient for the next update (0: no penalty).",
     }
 
+    @property
+    def parameter_sync(self) -> ParameterSync:
+        """Each unroll acted by a newer version than the last: an actor waits for the next one
+        1 s per 256 steps of its unrolls, at least 1 s (then acts again on the old one, should
+        the learner lack unrolls of it). A longer batch keeps the learner longer, and an unroll
+        acted on the old version while it trains is dropped: at 1 s, Pendulum's actors (1024
+        steps) acted about twice the steps the learner used."""
+        wait = max(1.0, self.settings.unroll_length / 256)
+        return ParameterSync(periodic=False, newer_each_item=True, wait_seconds=wait)
+
     @classmethod
     def presets(cls, env_id: str) -> dict:
         """rl-baselines3-zoo's CartPole PPO (20 epochs of one minibatch, GAE lambda 0.8, no
         entropy bonus, gradient norm 0.5) at Adam 2e-3; its gamma 0.98 and linear decays are
         not copied. The evaluator, at nice 10, plays on the CPU that the learner and the actors
-        leave idle while they take turns. docs/benchmarks.md has the figures."""
+        leave idle while they take turns. Pendulum-v1: the zoo's ppo settings for it
+        (OnPolicyBuilder.pendulum: 10 epochs of 64 minibatches over 4 x 1024 steps, GAE lambda
+        0.95). docs/benchmarks.md has the figures."""
+        if env_id == PENDULUM:
+            presets = cls.pendulum({})
+            presets["ppo"] = {
+                "unroll_length": 1024,
+                "epochs": 10,
+                "minibatches": 64,
+                "gae_lambda": 0.95,
+                "entropy_cost": 0.0,
+            }
+            return presets
         presets = cls.small_machine(env_id, {"max_grad_norm": 0.5})
         presets["ppo"] = {"epochs": 20, "minibatches": 1, "gae_lambda": 0.8, "entropy_cost": 0.0}
         presets.setdefault("evaluator", {})["nice"] = 10

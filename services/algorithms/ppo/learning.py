@@ -7,7 +7,7 @@ import torch
 
 from apexrl.algorithms.actor_critic import UnrollLearning
 from apexrl.algorithms.ppo.builder import KL_COEF_RANGE
-from apexrl.algorithms.ppo.losses import adapted_kl_coef, gae, kl_divergence, ppo_loss
+from apexrl.algorithms.ppo.losses import adapted_kl_coef, gae, ppo_loss
 
 
 class PPOLearning(UnrollLearning):
@@ -15,7 +15,7 @@ class PPOLearning(UnrollLearning):
         super().__init__(build, config, settings, device)
         self.kl_coef = settings.kl_coef if settings.kl_target > 0 else 0.0
 
-    def update(self, batch, weights, step):
+    def learn(self, batch, weights, step):
         config = self.settings
         with torch.no_grad():
             old_logits, values, bootstrap = self.forward(batch)
@@ -24,12 +24,12 @@ class PPOLearning(UnrollLearning):
         obs = batch["observations"][:, :-1].transpose(0, 1)  # [T, B, *obs]
         flat = {
             "obs": obs.reshape(-1, *obs.shape[2:]),
-            "actions": self.time_major(batch, "actions").reshape(-1),
+            "actions": self.time_major(batch, "actions").flatten(0, 1),
             "log_probs": self.time_major(batch, "log_probs").reshape(-1),
             "advantages": advantages.reshape(-1),
             "returns": returns.reshape(-1),
         }
-        penalized = config.kl_target > 0
+        penalized, distribution = config.kl_target > 0, self.net.distribution
         if penalized:
             flat["old_logits"] = old_logits.reshape(-1, old_logits.shape[-1])
         n = len(flat["actions"])
@@ -46,7 +46,7 @@ class PPOLearning(UnrollLearning):
                     clip_range=clip, vf_coef=config.value_cost, ent_coef=config.entropy_cost,
                     normalize_advantages=config.normalize_advantages,
                     old_logits=flat["old_logits"][index] if penalized else None,
-                    kl_coef=self.kl_coef,
+                    kl_coef=self.kl_coef, distribution=distribution,
                 )  # fmt: skip
                 too_far = penalized and float(figures["kl"]) > 4 * config.kl_target
                 if too_far:  # this policy is far from the batch's already: no more steps
@@ -55,7 +55,7 @@ class PPOLearning(UnrollLearning):
         if penalized:
             with torch.no_grad():
                 logits, _ = self.net(flat["obs"])
-                kl = kl_divergence(flat["old_logits"], torch.log_softmax(logits, -1))
+                kl = distribution.kl(flat["old_logits"], logits)
             self.kl_coef = adapted_kl_coef(self.kl_coef, float(kl), config.kl_target, KL_COEF_RANGE)
         figures = {k: float(v) for k, v in figures.items() if k != "kl"}
         figures["kl_coef"] = self.kl_coef

@@ -1,6 +1,7 @@
 """GAE and the PPO loss (Schulman et al. 2016, "High-Dimensional Continuous Control Using
 Generalized Advantage Estimation"; Schulman et al. 2017, "Proximal Policy Optimization
-Algorithms", eq. (7) and (9)), for discrete actions only (a Categorical over logits).
+Algorithms", eq. (7) and (9)), for a softmax policy over logits (Categorical) or a diagonal
+Gaussian (gaussian.DiagGaussian): the loss reads the policy through its distribution.
 
 Follows Stable-Baselines3 (RolloutBuffer.compute_returns_and_advantage and PPO.train): an
 unclipped MSE value loss, advantages normalized per minibatch, the same approx_kl and
@@ -50,6 +51,22 @@ def gae(
     return advantages, advantages + values
 
 
+class Categorical:
+    """The softmax policy over logits [..., A]: log pi(a) and entropy from one log-softmax
+    (torch's Categorical would check and normalize its arguments on every step: a fifth of a
+    small network's step), and the exact KL between two such policies."""
+
+    @staticmethod
+    def evaluate(logits: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        log_pi = torch.log_softmax(logits, -1)
+        log_prob = log_pi.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        return log_prob, -(log_pi.exp() * log_pi).sum(-1)
+
+    @staticmethod
+    def kl(old_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        return kl_divergence(old_logits, torch.log_softmax(logits, -1))
+
+
 def ppo_loss(
     logits: torch.Tensor,
     actions: torch.Tensor,
@@ -63,10 +80,13 @@ def ppo_loss(
     normalize_advantages: bool = True,
     old_logits: torch.Tensor | None = None,
     kl_coef: float = 0.0,
+    distribution=Categorical,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The PPO loss on a minibatch and its figures (detached scalars).
 
-    logits [..., A] and values [...] are the learner's, with gradients; actions,
+    logits [..., A] (or a Gaussian's output [..., 2 * dims] with its `distribution`,
+    gaussian.DiagGaussian, and actions [..., dims]) and values [...] are the learner's, with
+    gradients; actions,
     old_log_probs (the behaviour policy's log pi_old(a)), advantages and returns (from gae())
     share their leading shape ([N] or [T, B]). Every term is a mean over the samples:
       policy:  -min(ratio * A, clip(ratio, 1 - clip_range, 1 + clip_range) * A),
@@ -80,15 +100,13 @@ def ppo_loss(
     """
     if normalize_advantages:
         advantages = normalized(advantages)
-    # log-softmax once for log pi(a) and the entropy (torch's Categorical would check and
-    # normalize its arguments on every step: a fifth of a small network's step).
-    log_pi = torch.log_softmax(logits, -1)
-    log_ratio = log_pi.gather(-1, actions.unsqueeze(-1)).squeeze(-1) - old_log_probs
+    log_prob, entropies = distribution.evaluate(logits, actions)
+    log_ratio = log_prob - old_log_probs
     policy_loss = clipped_surrogate(log_ratio, advantages, clip_range)
     value_loss = F.mse_loss(values, returns)
-    entropy = -(log_pi.exp() * log_pi).sum(-1).mean()
+    entropy = entropies.mean()
     loss = policy_loss + vf_coef * value_loss - ent_coef * entropy
-    kl = None if old_logits is None else kl_divergence(old_logits, log_pi)
+    kl = None if old_logits is None else distribution.kl(old_logits, logits)
     if kl is not None and kl_coef > 0:
         loss = loss + kl_coef * kl
 

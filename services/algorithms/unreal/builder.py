@@ -98,6 +98,11 @@ class UNREALBuilder(IMPALABuilder):
                 f"experience_steps: {s.experience_steps} holds less than one sequence of"
                 f" sequence_length {s.sequence_length}"
             )
+        if s.pc_lambda > 0 and not self.spec.discrete:
+            raise ValueError(
+                f"pc_lambda: pixel control learns a Q-value per Discrete action, {self.spec.env_id}"
+                f" has Box actions of shape {self.spec.action_shape} (set pc_lambda = 0)"
+            )
         if s.pc_lambda > 0 and not (compressed_observations(self.spec) and
                                     len(self.spec.obs_shape) == 3):  # fmt: skip
             raise ValueError(
@@ -113,7 +118,7 @@ class UNREALBuilder(IMPALABuilder):
 
     def table_columns(self, table: str) -> list[Column]:
         if table == EXPERIENCE:
-            return unroll_columns(self.spec, self.settings.sequence_length, self.name)
+            return unroll_columns(self.spec, self.settings.sequence_length)
         if table == REWARDS:
             reward = Column("reward", np.dtype(np.float32), ())
             return [*stacked_columns("observations", self.spec, WINDOW), reward]
@@ -140,6 +145,7 @@ class UNREALBuilder(IMPALABuilder):
             adders.append(ExperienceAdder(
                 num_envs, s.sequence_length, spec.obs_shape, spec.obs_dtype,
                 gamma=self.config.gamma, values=policy.values, table=EXPERIENCE,
+                **self.action_options(),
             ))  # fmt: skip
         if REWARDS in self.replayed:
             adders.append(RewardWindowAdder(
@@ -161,4 +167,5 @@ class UNREALBuilder(IMPALABuilder):
             spec.obs_shape, spec.obs_dtype, spec.num_actions,
             hidden_sizes(self.config.hidden, HIDDEN),
             pixel_control=s.pc_lambda > 0, reward_prediction=s.rp_lambda > 0,
+            **self.network_options(),
         )  # fmt: skip

@@ -36,9 +36,19 @@ class PixelControlHead(nn.Module):
 
 
 class UNREALNetwork(ActorCriticNetwork):
-    def __init__(self, obs_shape, obs_dtype, num_actions: int, hidden, *,
-                 pixel_control: bool, reward_prediction: bool):  # fmt: skip
-        super().__init__(obs_shape, obs_dtype, num_actions, hidden)
+    def __init__(
+        self,
+        obs_shape,
+        obs_dtype,
+        num_actions: int,
+        hidden,
+        *,
+        pixel_control: bool,
+        reward_prediction: bool,
+        **options,
+    ):
+        """options: ActorCriticNetwork's (a Gaussian policy, the normalizers)."""
+        super().__init__(obs_shape, obs_dtype, num_actions, hidden, **options)
         features = self.policy_torso.out_dim
         self.pixel_control = PixelControlHead(features, num_actions) if pixel_control else None
         self.reward_prediction = (
@@ -49,10 +59,11 @@ class UNREALNetwork(ActorCriticNetwork):
 
     def pixel_q(self, obs: torch.Tensor) -> torch.Tensor:
         """Pixel control's Q [B, actions, 20, 20]."""
-        return self.pixel_control(self.policy_torso(obs)).float()
+        return self.pixel_control(self.policy_torso(self.normalized(obs))).float()
 
     def reward_logits(self, windows: torch.Tensor) -> torch.Tensor:
         """Logits [B, 3] of the reward after each window of observations [B, 3, *obs]."""
         b = windows.shape[0]
-        features = self.policy_torso(windows.reshape(b * WINDOW, *windows.shape[2:]))
+        windows = self.normalized(windows.reshape(b * WINDOW, *windows.shape[2:]))
+        features = self.policy_torso(windows)
         return self.reward_prediction(features.reshape(b, -1)).float()
