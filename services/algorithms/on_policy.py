@@ -174,13 +174,17 @@ class OnPolicyBuilder(Builder):
 
     def network_options(self) -> dict:
         """ActorCriticNetwork's keyword arguments: the Gaussian's and the normalizers'."""
-        s, spec = self.settings, self.spec
+        spec = self.spec
         return {
             "action_dims": 0 if spec.discrete else int(np.prod(spec.action_shape)),
-            "log_std_init": s.log_std_init,
-            "normalize_obs": s.normalize_observations,
-            "normalize_returns": s.normalize_rewards,
+            "log_std_init": self.settings.log_std_init,
+            **self.normalizers(),
         }
+
+    def normalizers(self) -> dict:
+        """The policy's and the network's normalizers, as the settings ask."""
+        s = self.settings
+        return {"normalize_obs": s.normalize_observations, "normalize_returns": s.normalize_rewards}
 
     def action_head(self):
         """How the policy's output becomes actions (numpy_policies: Softmax, ClippedGaussian)."""
@@ -205,16 +209,11 @@ class OnPolicyBuilder(Builder):
 
     def policy(self):
         """In numpy for MLPs (no torch in the actor: algorithms/numpy_policies.py)."""
-        s = self.settings
         if self.spec.vector_obs:
             from apexrl.algorithms.numpy_policies import MLPActorCriticPolicy
 
             depth = len(hidden_sizes(self.config.hidden, HIDDEN))
-            normalizers = {
-                "normalize_obs": s.normalize_observations,
-                "normalize_returns": s.normalize_rewards,
-            }
-            return MLPActorCriticPolicy(depth, self.action_head(), **normalizers)
+            return MLPActorCriticPolicy(depth, self.action_head(), **self.normalizers())
         from apexrl.algorithms.actor_critic import ActorCriticPolicy
 
         return ActorCriticPolicy(self.network(), self.action_head())

@@ -41,7 +41,7 @@ def episode_columns(spec: EnvSpec, max_steps: int, algorithm: str) -> list[Colum
     if not spec.discrete:
         raise ValueError(
             f"algorithm: {algorithm} acts in Discrete action spaces; {spec.env_id} has a"
-            " continuous one (use algorithm = dpg)"
+            " continuous one (use dpg, or ppo or impala with a Gaussian policy)"
         )
     f32 = np.dtype(np.float32)
     return [

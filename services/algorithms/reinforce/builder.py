@@ -78,6 +78,15 @@ class REINFORCEBuilder(OnPolicyBuilder):
             if not getattr(s, name) >= 0:  # NaN fails too
                 raise ValueError(f"{name}: must be >= 0, got {getattr(s, name)}")
 
+    def check_policy(self) -> None:
+        """A softmax policy only, without normalizers: columns() refuses Box actions."""
+
+    def network_options(self) -> dict:
+        return {}
+
+    def normalizers(self) -> dict:
+        return {}
+
     def columns(self) -> list[Column]:
         return episode_columns(self.spec, self.settings.max_episode_steps, self.name)
 
