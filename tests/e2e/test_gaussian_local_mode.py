@@ -55,7 +55,7 @@ def test_local_mode_solves_pendulum_with_a_gaussian_ppo(tmp_path):
 
 
 def test_normalizer_statistics_travel_with_the_parameters(tmp_path):
-    """impala with both normalizers for 60 s: the learner's statistics at its exit checkpoint
+    """impala with both normalizers for 20 s: the learner's statistics at its exit checkpoint
     are those of the observations it trained on (Pendulum's angular velocity spreads over
     [-8, 8]: a variance far above 1; cos and sin within [-1, 1]: below it), and `apexrl eval`
     plays the checkpoint with them."""
@@ -68,7 +68,7 @@ def test_normalizer_statistics_travel_with_the_parameters(tmp_path):
         "--normalize-rewards",
         "--target-return",
         "1e9",
-        budget=60,
+        budget=20,
     )
     _, meta, arrays = checkpoint.load_newest(run_dir / "checkpoints", "learner")
     consumed = meta["samples_consumed"] * 64  # unrolls of 64 steps
