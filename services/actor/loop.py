@@ -444,7 +444,7 @@ class Actor:
             m.episode_length.observe(self.lengths[i])
         m.episodes.inc(int(done.sum()))
         self.returns[done], self.lengths[done] = 0.0, 0
-        if not m.env_steps._value.get():
+        if self.steps == 0:  # count() runs before step() adds this step to self.steps
             m.first_step.set(time.time())
         m.env_steps.inc(self.config.num_envs)
 

@@ -94,6 +94,7 @@ class Learner:
         self.columns = {c.name: c for c in algorithm.table_columns(self.dataset.table)}
         self.update_step = 0
         self.samples_consumed = 0
+        self.decode_failed = False  # warned once, counted always
         self.stop = threading.Event()
         self.helpers: list[threading.Thread] = []
         meta = (
@@ -198,8 +199,9 @@ class Learner:
         weights, keys = batch.weights, batch.keys
         if not ok.all():
             bad = int((~ok).sum())
-            if not self.metrics.decode_failures._value.get():
+            if not self.decode_failed:
                 log.warning("dropped %d sampled items whose frames do not decode", bad)
+            self.decode_failed = True
             self.metrics.decode_failures.inc(bad)
             columns = {k: v[ok] for k, v in columns.items()}
             weights, keys = weights[ok], keys[ok]

@@ -63,9 +63,8 @@ class ReplayMetrics:
             "Seconds since the last durable checkpoint (-1: none yet).",
             registry=registry,
         )
-        age.set_function(
-            lambda: time.time() - t if (t := self.checkpoint_time._value.get()) else -1
-        )
+        self.last_checkpoint = 0.0  # the timestamp, kept beside the gauge for the age
+        age.set_function(lambda: time.time() - t if (t := self.last_checkpoint) else -1)
         self.shard = prometheus_client.Gauge(
             "apexrl_replay_shard", "This replay's shard id (the top bits of its keys).",
             registry=registry,

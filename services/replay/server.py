@@ -275,7 +275,8 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
             seconds = time.perf_counter() - started
             self.metrics.checkpoint_seconds.set(seconds)
             self.metrics.checkpoint_bytes.set(size)
-            self.metrics.checkpoint_time.set(time.time())
+            self.metrics.last_checkpoint = time.time()
+            self.metrics.checkpoint_time.set(self.metrics.last_checkpoint)
             log.info(
                 "checkpoint %s: %d bytes in %.2f s (tables paused at most %.3f s at a time)",
                 path,

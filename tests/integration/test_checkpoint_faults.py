@@ -142,9 +142,12 @@ def test_replay_keeps_serving_and_its_checkpoint_when_the_disk_is_full(
     # The digest covers the configured rate limiter: every restart uses the same table flags.
     table = ("--capacity", "2000", "--min-size-to-sample", "1")
     proc = replay_process("--checkpoint-dir", str(small_disk), "--checkpoint-interval", "0", *table)
+    age = "apexrl_replay_checkpoint_age_seconds"
     with ReplayClient(proc.address, retry_seconds=0) as client:
         client.insert(transitions(1000))
+        assert metric(proc.metrics_port, age) == -1  # none yet
         client.checkpoint()
+        assert 0 <= metric(proc.metrics_port, age) < 60
         saved = digest(client)
         ((_, kept),) = checkpoint.checkpoints(small_disk, "replay")
         fill(small_disk)
@@ -166,6 +169,7 @@ def test_replay_keeps_serving_and_its_checkpoint_when_the_disk_is_full(
         from_kept.kill()
         assert "checkpoint failed, previous ones kept" in proc.log()
         assert metric(proc.metrics_port, "apexrl_replay_checkpoint_failures_total") == 1
+        assert metric(proc.metrics_port, age) >= 0  # the age of the last one that held
         # Still serving: inserts and samples go on.
         assert client.insert(transitions(10, start=2000)).first_key == 2000
         assert len(client.sample(16).keys) == 16
