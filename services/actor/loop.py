@@ -39,8 +39,8 @@ from apexrl.common.codec import Packed
 from apexrl.common.learner_client import LearnerClient, Parameters
 from apexrl.common.memory import off_heap, release_free_memory
 from apexrl.config import ActorConfig
-from apexrl.replay.client import ReplayClient
-from apexrl.replay.sharded import ShardedReplayClient, connect
+from apexrl.replay.client import Replay
+from apexrl.replay.sharded import connect
 from apexrl.schedules import Schedule
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class InsertBuffer:
     grows to `limit` transitions, then drops the oldest and counts them.
     """
 
-    def __init__(self, replay: ReplayClient | ShardedReplayClient, limit: int, metrics: ActorMetrics, stop: threading.Event,
+    def __init__(self, replay: Replay, limit: int, metrics: ActorMetrics, stop: threading.Event,
                  in_flight: int = 2):  # fmt: skip
         self.replay, self.limit, self.metrics, self.stop = replay, limit, metrics, stop
         self.in_flight = in_flight

@@ -29,7 +29,7 @@ from apexrl.learner import checkpoint
 from apexrl.learner.metrics import LearnerMetrics
 from apexrl.learner.parameters import ParameterStore
 from apexrl.learner.scheduled import ScheduledSettings
-from apexrl.replay.client import ReplayClient
+from apexrl.replay.client import Replay
 from apexrl.replay.sharded import connect
 
 log = logging.getLogger(__name__)
@@ -219,7 +219,7 @@ class Learner:
 
         return {k: move(v) for k, v in columns.items()}, move(weights), np.array(keys)
 
-    def train(self, replay: ReplayClient) -> None:
+    def train(self, replay: Replay) -> None:
         """Runs until `stop` is set (or max_updates). Call from its own thread."""
         self.check_table(replay.info())
         batches: queue.Queue = queue.Queue(maxsize=self.config.prefetch)
@@ -368,13 +368,13 @@ class Learner:
             if len(item[2]):
                 yield item
 
-    def _sample(self, replay: ReplayClient, dataset=None) -> Iterator:
+    def _sample(self, replay: Replay, dataset=None) -> Iterator:
         dataset = dataset or self.dataset
         size = dataset.batch_size or self.config.batch_size
         beta = self.scheduled.sampling_beta
         return dataset.batches(replay, size, self.config.beta if beta is None else beta, self.stop)
 
-    def _prefetch(self, replay: ReplayClient, batches: queue.Queue, dataset=None,
+    def _prefetch(self, replay: Replay, batches: queue.Queue, dataset=None,
                   declared=None) -> None:  # fmt: skip
         try:
             for item in self._decoded(self._sample(replay, dataset), declared):
@@ -394,7 +394,7 @@ class Learner:
                 except queue.Full:
                     continue
 
-    def _write_priorities(self, replay: ReplayClient, priorities: queue.Queue) -> None:
+    def _write_priorities(self, replay: Replay, priorities: queue.Queue) -> None:
         """Writes priorities back until `priorities` yields None (see write_priorities)."""
         write_priorities(
             replay,

@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 import numpy as np
@@ -237,6 +238,31 @@ class ReplayWriter:
             raise
         self._unacked.popleft()
         self.landed += response.inserted
+
+
+class Replay(Protocol):
+    """What the services use of a replay: one (ReplayClient) or shards (ShardedReplayClient),
+    as `sharded.connect` picks from the `replay` setting."""
+
+    table: str
+
+    def insert(
+        self, columns: dict[str, np.ndarray], priorities: np.ndarray | None = None
+    ) -> replay_pb2.InsertResponse: ...
+
+    def sample(self, batch_size: int, beta: float = 0.4) -> SampledBatch: ...
+
+    def sample_stream(
+        self, batch_size: int, beta: float = 0.4, max_batches: int = 0
+    ) -> Iterator[SampledBatch]: ...
+
+    def update_priorities(
+        self, keys: np.ndarray, priorities: np.ndarray
+    ) -> replay_pb2.UpdatePrioritiesResponse: ...
+
+    def info(self) -> replay_pb2.TableInfo: ...
+
+    def close(self) -> None: ...
 
 
 class ReplayClient(GrpcClient):

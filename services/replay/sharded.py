@@ -48,7 +48,7 @@ import numpy as np
 from apexrl.common import codec
 from apexrl.common.backoff import Backoff, server_gone
 from apexrl.replay import keys as keyspace
-from apexrl.replay.client import ReplayClient, SampledBatch
+from apexrl.replay.client import Replay, ReplayClient, SampledBatch
 from apexrl.v1 import replay_pb2, tensor_pb2
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class ShardError(ValueError):
     """A shard set that cannot work: a wrong shard id, different tables, a key of no shard."""
 
 
-def connect(address: str, **options) -> "ReplayClient | ShardedReplayClient":
+def connect(address: str, **options) -> Replay:
     """The client the `replay` setting asks for: one replay, or shards (see the module doc)."""
     if "," in address or address.startswith(DNS_PREFIX):
         return ShardedReplayClient(address, **options)
