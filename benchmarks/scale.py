@@ -62,8 +62,8 @@ from scale_services import (
     wait_for_updates,
 )
 
-from apexrl import local
 from apexrl.algorithms.exploration import epsilon_ladder
+from apexrl.local.settings import dump_toml, parse, replay_tables
 
 
 @dataclass(frozen=True)
@@ -100,13 +100,13 @@ def configs(s: Settings, folder: Path) -> tuple[Path, Path]:
     """The replay's and the learner's config files: the algorithm's table and presets."""
     from apexrl.algorithms import get
 
-    config = local.parse(["--env", s.env, "--replay-shards", str(s.shards)])
+    config = parse(["--env", s.env, "--replay-shards", str(s.shards)])
     tables = [
         {**t, "capacity": s.capacity // s.shards, "samples_per_insert": 0.0}
-        for t in local.replay_tables(config, s.shards)
+        for t in replay_tables(config, s.shards)
     ]
     replay = folder / "replay.toml"
-    replay.write_text(local.dump_toml({"replay": {"tables": tables}}))
+    replay.write_text(dump_toml({"replay": {"tables": tables}}))
     presets = get("dqn").presets(s.env)
     learner_settings = {
         **presets.get("learner", {}),
@@ -117,7 +117,7 @@ def configs(s: Settings, folder: Path) -> tuple[Path, Path]:
     }
     learner = folder / "learner.toml"
     learner.write_text(
-        local.dump_toml(
+        dump_toml(
             {"algorithm": "dqn", "env": s.env, "dqn": presets["dqn"], "learner": learner_settings}
         )
     )

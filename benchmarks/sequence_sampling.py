@@ -5,7 +5,7 @@ and then 1M sequences, 64 sequences a call through the shipping client.
     .venv/bin/python benchmarks/sequence_sampling.py --sizes 10000 100000 1000000 --calls 500
 
 One `apexrl replay` process (port 0) serving r2d2's table for the env exactly as local mode
-declares it (`apexrl.local.replay_tables`: signature, prioritized sampler, alpha 0.9, FIFO
+declares it (`apexrl.local.settings.replay_tables`: signature, prioritized sampler, alpha 0.9, FIFO
 remover), but with the largest size as capacity and no sampling ratio, so it neither evicts
 nor waits. It is filled with random sequences of the signature's shapes, random priorities, 1,000
 a call (ReplayClient.insert), up to each size in turn; at each size ReplayClient.sample(64)

@@ -4,7 +4,7 @@ that proves from recorded histories that nothing acknowledged was lost.
     .venv/bin/python benchmarks/soak.py                                     # 60 minutes
     .venv/bin/python -m pytest tests/e2e/test_soak.py    # 10 minutes, the last 5 quiet (CI)
 
-The services are local mode's (`apexrl.local.Run`: the same processes, config file and
+The services are local mode's (`apexrl.Run`: the same processes, config file and
 ports), with replay and learner checkpoints on, under a supervisor that restarts any that
 dies, as Kubernetes would. The flags follow gRPC's soak tests: an iteration is one fault and
 the recovery after it; `--soak-per-iteration-max-acceptable-latency-ms` bounds the recovery;
@@ -73,10 +73,11 @@ from pathlib import Path
 
 import numpy as np
 
-from apexrl import local
-from apexrl.algorithms.envs import reward_threshold
+from apexrl.algorithms.envs import default_target
 from apexrl.common import checkpoint as generic
 from apexrl.common.learner_client import LearnerClient
+from apexrl.local.settings import parse
+from apexrl.local.supervision import Child, Run, die_with_parent
 from apexrl.replay import checkpoint as replay_checkpoint
 from apexrl.replay.client import ReplayClient
 from apexrl.replay.signature import parse_signature
@@ -130,7 +131,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 # --- the services under a supervisor -------------------------------------------------------
 
 
-class SoakRun(local.Run):
+class SoakRun(Run):
     """Local mode's processes, each replay shard checkpointing into its own directory."""
 
     def shard_flags(self, shard: int) -> list[str]:
@@ -160,14 +161,14 @@ class Supervisor:
                         except RuntimeError as err:  # died while starting: next round
                             log(f"restarting {child.name} failed: {err}")
 
-    def restart(self, child: local.Child) -> None:
+    def restart(self, child: Child) -> None:
         died = time.time()
         resumes = self.resume_point(child.name)
         child.ready_file.unlink(missing_ok=True)
         with open(self.run.run_dir / "logs" / f"{child.name}.log", "a") as log_file:
             child.process = subprocess.Popen(
                 child.process.args, stdout=log_file, stderr=subprocess.STDOUT,
-                preexec_fn=local._die_with_parent,
+                preexec_fn=die_with_parent,
             )  # fmt: skip
         self.run.wait_ready([child])
         self.history.add("restarts", name=child.name, died=died, served=time.time(), **resumes)
@@ -314,7 +315,7 @@ def sample_resources(run: SoakRun, history: History, stop: threading.Event, seed
                 history.add("resources", name=child.name, pid=child.process.pid, t=t, **sample)
 
 
-def table_full(child: local.Child) -> bool:
+def table_full(child: Child) -> bool:
     try:
         metrics = child.metrics()
     except OSError:
@@ -346,15 +347,15 @@ class Nemesis:
 
     def __init__(self, run: SoakRun, supervisor: Supervisor, args, rng: random.Random):
         self.run, self.supervisor, self.args, self.rng = run, supervisor, args, rng
-        self.paused: local.Child | None = None
+        self.paused: Child | None = None
         self.cut = False
 
-    def targets(self, fault: str) -> list[local.Child]:
+    def targets(self, fault: str) -> list[Child]:
         if fault == "partition":  # servers: their ports identify all their traffic
             return [c for c in self.run.children if c.name.startswith(("replay", "learner"))]
         return list(self.run.children)
 
-    def inject(self, fault: str, child: local.Child) -> dict:
+    def inject(self, fault: str, child: Child) -> dict:
         """Applies the fault and ends it; returns what was done, `ended` its end (unix)."""
         if fault == "kill":
             with self.supervisor.lock:  # restarted by the supervisor once this is released
@@ -430,7 +431,7 @@ class Judge:
 
         self.run, self.history, self.args = run, history, args
         self.policy = algorithms.make(run.config).policy()
-        self.target = local.TARGETS.get(run.config.env, reward_threshold(run.config.env))
+        self.target = default_target(run.config.env)
         learner = next(c for c in run.children if c.name == "learner")
         self.learner = LearnerClient(f"127.0.0.1:{learner.ports['port']}", timeout=10)
         self.seed = 10**7
@@ -701,7 +702,7 @@ def main(argv: list[str]) -> int:
             sys.exit(f"--script: {':'.join(step)} is not FAULT:SERVICE with a fault of"
                      f" --faults and a service of {sorted(names)}")  # fmt: skip
     run_dir = Path(args.run_dir or f"runs/soak-{time.strftime('%Y%m%d-%H%M%S')}")
-    config = local.parse(["--algorithm", args.algorithm, "--env", args.env, "--actors",
+    config = parse(["--algorithm", args.algorithm, "--env", args.env, "--actors",
                           str(args.actors), "--replay-shards", str(args.replay_shards),
                           "--run-dir", str(run_dir)])  # fmt: skip
     user = {"replay": {"checkpoint_interval": args.replay_checkpoint_interval},

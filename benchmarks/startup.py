@@ -42,7 +42,7 @@ from pathlib import Path
 import psutil
 
 SERVICES = {
-    "local": "apexrl.local",
+    "local": "apexrl.local.run",
     "replay": "apexrl.replay.server",
     "learner": "apexrl.learner.server",
     "actor": "apexrl.actor.loop",

@@ -125,9 +125,9 @@ def evaluator(argv: list[str]) -> None:
 
 
 def local(argv: list[str]) -> None:
-    from apexrl import local as local_mode
+    from apexrl.local.run import main
 
-    sys.exit(local_mode.main(argv))
+    sys.exit(main(argv))
 
 
 def evaluate(argv: list[str]) -> None:

@@ -396,7 +396,7 @@ class LocalConfig(AgentConfig):
     target_return: float = option(
         math.nan,
         "the best model's score (mean evaluation return) that counts as solved; nan (the"
-        " default): the env's threshold (gymnasium's reward_threshold, or local.TARGETS)",
+        " default): the env's threshold (gymnasium's reward_threshold, or envs.TARGETS)",
     )
     progress_interval: float = option(0.5, "seconds between progress updates and metrics CSV rows")
     video_every: int = option(

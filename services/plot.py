@@ -275,10 +275,10 @@ def default_target_of(env: str) -> float | None:
     """Local mode's target for `env`; None for an env this machine does not know."""
     import gymnasium
 
-    from apexrl import local
+    from apexrl.algorithms.envs import default_target
 
     try:
-        return local.default_target(env)
+        return default_target(env)
     except gymnasium.error.Error:
         return None
 

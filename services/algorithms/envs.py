@@ -74,6 +74,15 @@ def reward_threshold(env_id: str) -> float | None:
     return None if is_atari(env_id) else gym.spec(env_id).reward_threshold
 
 
+# Targets for envs gymnasium gives no reward_threshold (mean return of the best model).
+TARGETS = {"Pendulum-v1": -200.0}
+
+
+def default_target(env_id: str) -> float | None:
+    """The best model's score that counts as solved on `env_id` when none is given."""
+    return TARGETS.get(env_id, reward_threshold(env_id))
+
+
 # A partially observed task: CartPole-v1 showing the cart's position and the pole's angle only.
 # Without the velocities one observation cannot tell which way the pole swings; a policy that
 # remembers the last ones can (a recurrent one). Same rewards, time limit and threshold (475).

@@ -21,8 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from apexrl import algorithms, local
+from apexrl import algorithms
 from apexrl.common import checkpoint
+from apexrl.local.settings import parse
+from apexrl.local.supervision import Run
 from apexrl.replay.client import ReplayClient
 from tests.conftest import wait_for
 
@@ -94,9 +96,9 @@ ORDERS = {
 @pytest.mark.parametrize("order", sorted(ORDERS))
 @pytest.mark.parametrize("algorithm", sorted(ENVS))
 def test_every_service_stops_within_seconds_of_sigterm(tmp_path, algorithm, order):
-    config = local.parse(["--algorithm", algorithm, "--env", ENVS[algorithm], "--actors", "1",
+    config = parse(["--algorithm", algorithm, "--env", ENVS[algorithm], "--actors", "1",
                           "--run-dir", str(tmp_path / "run"), "--seed", "1"])  # fmt: skip
-    run = local.Run(config, {}, tmp_path / "run")
+    run = Run(config, {}, tmp_path / "run")
     books = None
     try:
         run.start_all()

@@ -8,10 +8,11 @@ import grpc
 import numpy as np
 import pytest
 
-from apexrl import algorithms, local
+from apexrl import algorithms
 from apexrl.algorithms.exploration import noise_ladder
 from apexrl.common.learner_client import LearnerClient
 from apexrl.config import AgentConfig
+from apexrl.local.settings import signature as table_signature
 from apexrl.replay.client import ReplayClient
 from tests.conftest import metric, wait_for
 
@@ -19,7 +20,7 @@ DPG = ("--algorithm", "dpg", "--env", "Pendulum-v1")
 
 
 def test_dpg_actors_and_learner_train_through_the_same_services(service_process):
-    signature = local.signature(AgentConfig(algorithm="dpg", env="Pendulum-v1"))
+    signature = table_signature(AgentConfig(algorithm="dpg", env="Pendulum-v1"))
     replay = service_process("replay", "--min-size-to-sample", "200", "--signature", signature)
     learner = service_process("learner", *DPG, "--replay", replay.address, "--batch-size", "64",
                               "--lease-seconds", "2")  # fmt: skip
@@ -142,7 +143,7 @@ def assert_refused(client: ReplayClient, base: dict, cases: list) -> None:
 
 
 def test_replay_refuses_actions_of_the_wrong_dtype_or_out_of_bounds(service_process):
-    signature = local.signature(AgentConfig(algorithm="dpg", env="Pendulum-v1"))
+    signature = table_signature(AgentConfig(algorithm="dpg", env="Pendulum-v1"))
     replay = service_process("replay", "--signature", signature)
     obs = np.zeros((4, 3), np.float32)
     base = {"obs": obs, "reward": np.zeros(4, np.float32), "discount": np.ones(4, np.float32),
@@ -158,7 +159,7 @@ def test_replay_refuses_actions_of_the_wrong_dtype_or_out_of_bounds(service_proc
 
 
 def test_replay_bounds_every_dimension_of_lunar_lander_actions(service_process):
-    signature = local.signature(AgentConfig(algorithm="dpg", env="LunarLanderContinuous-v3"))
+    signature = table_signature(AgentConfig(algorithm="dpg", env="LunarLanderContinuous-v3"))
     replay = service_process("replay", "--signature", signature)
     obs = np.zeros((2, 8), np.float32)
     base = {"obs": obs, "reward": np.zeros(2, np.float32), "discount": np.ones(2, np.float32),

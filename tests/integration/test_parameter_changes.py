@@ -6,9 +6,10 @@ on versions pulled that way."""
 import grpc
 import numpy as np
 
-from apexrl import local
 from apexrl.common import tensors
 from apexrl.common.learner_client import LearnerClient, Parameters, apply_changes
+from apexrl.local.settings import parse
+from apexrl.local.supervision import Run
 from apexrl.v1 import learner_pb2, learner_pb2_grpc
 from tests.conftest import wait_for
 
@@ -25,9 +26,9 @@ def decoded(response) -> dict[str, np.ndarray]:
 
 
 def test_a_caller_behind_gets_the_changed_rows_and_rebuilds_the_newest(tmp_path):
-    config = local.parse(["--algorithm", "nec", "--actors", "1", "--run-dir",
+    config = parse(["--algorithm", "nec", "--actors", "1", "--run-dir",
                           str(tmp_path / "run"), "--seed", "1"])  # fmt: skip
-    run = local.Run(config, {}, tmp_path / "run")
+    run = Run(config, {}, tmp_path / "run")
     try:
         run.start_all()
         learner, actor = (

@@ -6,10 +6,11 @@ import subprocess
 import sys
 import time
 
-from apexrl import algorithms, local
+from apexrl import algorithms
 from apexrl.algorithms.evaluation import evaluate
 from apexrl.common.learner_client import LearnerClient
 from apexrl.config import AgentConfig
+from apexrl.local.settings import dump_toml, replay_tables
 from tests.conftest import metrics
 
 AGENT = AgentConfig(algorithm="reinforce", env="CartPole-v1")
@@ -26,9 +27,9 @@ def config_file(tmp_path):
     data = {
         "algorithm": AGENT.algorithm,
         "env": AGENT.env,
-        "replay": {"tables": local.replay_tables(AGENT, 1)},
+        "replay": {"tables": replay_tables(AGENT, 1)},
     }
-    path.write_text(local.dump_toml(data))
+    path.write_text(dump_toml(data))
     return str(path)
 
 

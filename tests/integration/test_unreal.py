@@ -15,7 +15,7 @@ from apexrl.config import LearnerConfig
 from apexrl.learner.metrics import LearnerMetrics
 from apexrl.learner.parameters import ParameterStore
 from apexrl.learner.training import Learner
-from apexrl.local import replay_tables
+from apexrl.local.settings import replay_tables
 from apexrl.replay.client import ReplayClient
 
 SETTINGS = dict(pc_lambda=0.0, unroll_length=4, sequence_length=3, replay_batch=4)

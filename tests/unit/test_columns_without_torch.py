@@ -20,8 +20,8 @@ CASES = [
 @pytest.mark.parametrize("algorithm,env", CASES)
 def test_local_mode_signature_imports_no_torch(algorithm, env):
     code = (
-        "import sys, apexrl.local; from apexrl import config; "
-        f"print(apexrl.local.signature(config.AgentConfig(algorithm={algorithm!r}, env={env!r}))); "
+        "import sys, apexrl.local.settings; from apexrl import config; "
+        f"print(apexrl.local.settings.signature(config.AgentConfig(algorithm={algorithm!r}, env={env!r}))); "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     result = subprocess.run(

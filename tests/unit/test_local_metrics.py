@@ -9,8 +9,9 @@ from types import SimpleNamespace
 import prometheus_client
 import pytest
 
-from apexrl import local
 from apexrl.actor.loop import ActorMetrics
+from apexrl.local.monitoring import FIELDS, collect
+from apexrl.local.supervision import Child
 
 
 class Actor:
@@ -18,7 +19,7 @@ class Actor:
 
     def __init__(self, name: str):
         self.servers: list = []
-        self.child = local.Child(name, None, {}, None)
+        self.child = Child(name, None, {}, None)
         self.restart()
 
     def restart(self) -> None:
@@ -49,7 +50,7 @@ def test_each_row_averages_the_episodes_ended_since_the_row_before(actors):
     rows: list[dict] = []
 
     def row() -> float:
-        rows.append(local._collect(run, len(rows) + 1.0, rows[-1] if rows else None))
+        rows.append(collect(run, len(rows) + 1.0, rows[-1] if rows else None))
         return rows[-1]["actor_mean_return"]
 
     assert math.isnan(row())  # no episode yet
@@ -66,4 +67,4 @@ def test_each_row_averages_the_episodes_ended_since_the_row_before(actors):
     assert row() == 53.5  # (100 + 7) / 2
     second.episodes(40.0, 50.0)
     assert row() == 45.0  # from the restarted actor's new totals on
-    assert set(rows[0]) == set(local.FIELDS)
+    assert set(rows[0]) == set(FIELDS)

@@ -6,15 +6,16 @@ import tomllib
 
 import pytest
 
-from apexrl import local
+from apexrl.local.settings import dump_toml, parse, signature
+from apexrl.local.supervision import Run
 
 
 def written(tmp_path, env, user_file=None, *flags, algorithm="impala"):
     """The config.toml local mode writes for `algorithm` on `env`."""
     path = tmp_path / "user.toml"
-    path.write_text(local.dump_toml(user_file or {}))
+    path.write_text(dump_toml(user_file or {}))
     argv = ["--algorithm", algorithm, "--env", env, "--config", str(path), *flags]
-    run = local.Run(local.parse(argv), user_file or {}, tmp_path / env)
+    run = Run(parse(argv), user_file or {}, tmp_path / env)
     return tomllib.loads(run.config_path.read_text())
 
 
@@ -71,7 +72,7 @@ def test_the_replay_tables_are_the_builders_split_over_the_shards(tmp_path):
     tables = written(tmp_path, "CartPole-v1", {}, "--replay-shards", "2")["replay"]["tables"]
     assert [(t["name"], t["sampler"], t["rate_limiter"], t["capacity"]) for t in tables] == [
         ("default", "fifo", "queue", 32)]  # fmt: skip
-    assert tables[0]["signature"] == local.signature(local.parse(["--algorithm", "impala"]))
+    assert tables[0]["signature"] == signature(parse(["--algorithm", "impala"]))
 
 
 @pytest.mark.parametrize(
@@ -96,5 +97,5 @@ def test_bad_settings_fail_before_any_process_naming_the_table(tmp_path, user_fi
 
 def test_a_flag_of_another_algorithm_is_named(capsys):
     with pytest.raises(SystemExit):
-        local.parse(["--algorithm", "dqn", "--epochs", "3"])
+        parse(["--algorithm", "dqn", "--epochs", "3"])
     assert "--epochs is a setting of algorithm ppo, not of dqn" in capsys.readouterr().err

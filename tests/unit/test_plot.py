@@ -8,7 +8,7 @@ import matplotlib.image
 import pytest
 
 from apexrl import cli, plot
-from apexrl.local import FIELDS
+from apexrl.local.monitoring import FIELDS
 
 # Two tiny runs, a row per progress tick: (seconds, env steps, evaluation rounds so far, latest
 # evaluation's mean, best model's score, actors' mean return); NaN: none yet.

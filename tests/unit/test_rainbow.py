@@ -8,10 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from apexrl import algorithms, local
+from apexrl import algorithms
 from apexrl.algorithms.dqn.builder import RainbowSettings, Settings
 from apexrl.algorithms.dqn.networks import set_noise
 from apexrl.config import LearnerConfig
+from apexrl.local.settings import parse
+from apexrl.local.supervision import Run
 
 # A two-step MDP on one-hot states. State 0: action 0 pays 1 and ends, action 1 pays 0 and
 # leads (discount 0.9) to state 1, where action 0 pays 2 and action 1 pays 0, both ending.
@@ -109,7 +111,7 @@ def test_adam_epsilon_is_the_floor_of_the_learners_step(option):
 
 
 def test_rainbow_is_an_algorithm_name_with_dqns_settings_and_rainbows_defaults(tmp_path):
-    config = local.parse(["--algorithm", "rainbow"])
+    config = parse(["--algorithm", "rainbow"])
     assert isinstance(config.algo, RainbowSettings) and isinstance(config.algo, Settings)
     s = config.algo
     assert (s.noisy, s.distributional, s.atoms, s.n_step, s.priority_exponent) == (
@@ -118,7 +120,7 @@ def test_rainbow_is_an_algorithm_name_with_dqns_settings_and_rainbows_defaults(t
     assert (s.adam_epsilon, Settings().adam_epsilon) == (1.5e-4, 1e-8)
     atari = algorithms.get("rainbow").presets("ALE/Breakout-v5")["rainbow"]
     assert "v_min" not in atari and atari["target_update_interval"] == 250
-    flagged = local.parse(["--algorithm", "rainbow", "--v-max", "50", "--no-noisy"])
+    flagged = parse(["--algorithm", "rainbow", "--v-max", "50", "--no-noisy"])
     assert (flagged.algo.v_max, flagged.algo.noisy) == (50.0, False)
-    run = local.Run(config, {}, tmp_path / "run")
+    run = Run(config, {}, tmp_path / "run")
     assert "[rainbow]" in run.config_path.read_text()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from apexrl import config as cfg
-from apexrl import local
+from apexrl.local.settings import parse, replay_tables
 from apexrl.replay_tables import MARKER, config_text, declared_tables, render, with_block
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,8 +63,8 @@ def test_changing_the_algorithm_setting_changes_the_replay_table(path, tmp_path)
 
 @pytest.mark.parametrize("algorithm", ["dqn", "rainbow", "r2d2", "nec", "ppo", "impala"])
 def test_local_mode_takes_the_same_setting(algorithm):
-    settings = local.parse(["--algorithm", algorithm, "--capacity", "4321", "--replay-shards", "1"])
-    (table, *_) = local.replay_tables(settings, 1)
+    settings = parse(["--algorithm", algorithm, "--capacity", "4321", "--replay-shards", "1"])
+    (table, *_) = replay_tables(settings, 1)
     assert table["capacity"] == 4321
 
 

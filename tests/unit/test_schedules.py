@@ -9,12 +9,13 @@ import prometheus_client
 import pytest
 import torch
 
-from apexrl import algorithms, local
+from apexrl import algorithms
 from apexrl import config as cfg
 from apexrl.learner.metrics import LearnerMetrics
 from apexrl.learner.parameters import ParameterStore
 from apexrl.learner.scheduled import ScheduledSettings
 from apexrl.learner.training import Learner
+from apexrl.local.settings import dump_toml
 from apexrl.replay.server import make_table
 from apexrl.schedules import Schedule, parse
 
@@ -91,7 +92,7 @@ def test_file_flags_and_environment_give_schedules(tmp_path, monkeypatch):
     assert config.algo.clip_range.value(100) == pytest.approx(0.02)
     assert config.algo.entropy_cost.value(5) == pytest.approx(0.005)
     # local mode writes them into its run folder's config as it read them
-    text = local.dump_toml({"learner": {"learning_rate": config.learning_rate}})
+    text = dump_toml({"learner": {"learning_rate": config.learning_rate}})
     assert "linear = [\n    0.001,\n    0.0,\n]" in text and 'over = "1000 updates"' in text
 
 
