@@ -51,19 +51,28 @@ def main(argv: list[str]) -> int:
         videos = []
     else:
         returns, videos = video.record_episodes(
-            policy, agent.env, config.episodes, config.seed, config.epsilon, options, folder,
+            policy,
+            agent.env,
+            config.episodes,
+            config.seed,
+            config.epsilon,
+            options,
+            folder,
             meta["version"],
-        )  # fmt: skip
+        )
     what = f"{path}: {agent.env}, version {meta['version']} (update {meta['update_step']})"
     if "mean_return" in meta:  # a best model: say what earned it
         p = meta["protocol"]
-        what += (f", the best model: scored {meta['mean_return']:.1f} over {p['episodes']}"
-                 f" evaluator episodes (seeds {p['first_seed']}..)")  # fmt: skip
+        what += (
+            f", the best model: scored {meta['mean_return']:.1f} over {p['episodes']}"
+            f" evaluator episodes (seeds {p['first_seed']}..)"
+        )
     print(what)
     print(f"seeds {config.seed}..{config.seed + config.episodes - 1}, epsilon {config.epsilon:g}")
     print("returns: " + " ".join(f"{r:g}" for r in returns))
     print(
-        f"mean {returns.mean():.1f}, min {returns.min():g}, max {returns.max():g} over {len(returns)} episodes"
+        f"mean {returns.mean():.1f}, min {returns.min():g}, max {returns.max():g}"
+        f" over {len(returns)} episodes"
     )
     for recorded, steps in videos:
         print(f"video: {recorded} ({steps} steps)")

@@ -99,8 +99,10 @@ def run(
             try:
                 params = learner.get_parameters(
                     max(version, newest - config.window) if config.window else version,
-                    have_lineage=lineage, wait_seconds=POLL_SECONDS, in_order=config.window > 0,
-                )  # fmt: skip
+                    have_lineage=lineage,
+                    wait_seconds=POLL_SECONDS,
+                    in_order=config.window > 0,
+                )
             except Exception as err:  # learner away: wait and retry
                 log.info("evaluator: learner unavailable (%s)", err)
                 stop.wait(backoff.next_delay())
@@ -127,8 +129,11 @@ def run(
             m.rounds.inc()
             log.info(
                 "evaluation of version %d (update %d): mean return %.1f over %d episodes",
-                version, params.update_step, returns.mean(), len(returns),
-            )  # fmt: skip
+                version,
+                params.update_step,
+                returns.mean(),
+                len(returns),
+            )
             before, best = best, offer_best(learner, params, returns, best, play, config, m)
             if videos is not None and best > before:
                 recorded = videos.new_best(version, round_seed)
@@ -165,8 +170,10 @@ def offer_best(learner, params, returns: np.ndarray, best: float, play: Games, c
         returns = np.concatenate([returns, play(config.confirm_episodes)])
         log.info(
             "confirmation of version %d: mean return %.1f over %d episodes",
-            params.version, returns.mean(), len(returns),
-        )  # fmt: skip
+            params.version,
+            returns.mean(),
+            len(returns),
+        )
     if returns.mean() <= best:
         return best
     try:

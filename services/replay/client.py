@@ -180,8 +180,10 @@ class ReplayWriter:
         if self._count == self.batch:  # still full: sending it failed last time
             self._send_buffered()
         if self._columns is None:
-            self._columns = {k: np.zeros((self.batch, *np.shape(v)), np.asarray(v).dtype)
-                             for k, v in item.items()}  # fmt: skip
+            self._columns = {
+                k: np.zeros((self.batch, *np.shape(v)), np.asarray(v).dtype)
+                for k, v in item.items()
+            }
         for name, column in self._columns.items():
             column[self._count] = item[name]
         self._priorities[self._count] = priority

@@ -108,7 +108,10 @@ class FrameStore(FrameRows):
         """Writes the n items to slots start .. start + head - 1, then 0 .. n - head - 1."""
         n, blob = len(packed), bytes(packed.data)  # bytes() is free when it is bytes already
         offsets = (np.cumsum(packed.sizes, dtype=np.int64) - packed.sizes).astype(np.uint32)
-        for slots, items in ((slice(start, start + head), slice(0, head)), (slice(0, n - head), slice(head, n))):  # fmt: skip
+        for slots, items in (
+            (slice(start, start + head), slice(0, head)),
+            (slice(0, n - head), slice(head, n)),
+        ):
             self.nbytes += int(packed.sizes[items].sum()) - int(self.sizes[slots].sum())
             self.blobs[slots] = blob
             self.offsets[slots] = offsets[items]

@@ -66,9 +66,10 @@ class ReplayMetrics:
         self.last_checkpoint = 0.0  # the timestamp, kept beside the gauge for the age
         age.set_function(lambda: time.time() - t if (t := self.last_checkpoint) else -1)
         self.shard = prometheus_client.Gauge(
-            "apexrl_replay_shard", "This replay's shard id (the top bits of its keys).",
+            "apexrl_replay_shard",
+            "This replay's shard id (the top bits of its keys).",
             registry=registry,
-        )  # fmt: skip
+        )
         registry.register(self)
 
     def observe_sample(self, table: Table, keys: np.ndarray) -> None:

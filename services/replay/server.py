@@ -385,9 +385,12 @@ def build(
                 tables[state.name].restore(state)
                 log.info(
                     "restored table %r from %s: %d items, %d inserts, %d samples",
-                    state.name, path, tables[state.name].size,
-                    tables[state.name].inserts, tables[state.name].samples,
-                )  # fmt: skip
+                    state.name,
+                    path,
+                    tables[state.name].size,
+                    tables[state.name].inserts,
+                    tables[state.name].samples,
+                )
     metrics = ReplayMetrics(registry, tables)
     shard = keys.parse_shard(config.shard)
     metrics.shard.set(shard)

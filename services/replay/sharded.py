@@ -231,8 +231,11 @@ class ShardedReplayClient:
         """The live shards, after asking the ones that are due (down ones, stale views)."""
         self._discover()
         now = time.monotonic()
-        due = [s for s in self._all() if s.retry_at <= now and (
-            not s.alive or now - s.seen > self.VIEW_SECONDS)]  # fmt: skip
+        due = [
+            s
+            for s in self._all()
+            if s.retry_at <= now and (not s.alive or now - s.seen > self.VIEW_SECONDS)
+        ]
         for shard, info in zip(due, self._map(lambda s: self._info(s.client), due), strict=True):
             if isinstance(info, grpc.RpcError):
                 self._down(shard, info)
@@ -345,10 +348,12 @@ class ShardedReplayClient:
         live = [s for s in self._all() if s.alive]
         total = sum(s.total for s in live)  # the sampled ones' views are this batch's
         size = sum(s.size for s in live)
-        probabilities = np.concatenate([
-            b.probabilities * (response.total_priority / total)
-            for b, (_, response) in zip(batches, parts, strict=True)
-        ])  # fmt: skip
+        probabilities = np.concatenate(
+            [
+                b.probabilities * (response.total_priority / total)
+                for b, (_, response) in zip(batches, parts, strict=True)
+            ]
+        )
         if beta == 0:
             weights = np.ones(len(probabilities), np.float32)
         else:
@@ -429,9 +434,18 @@ class ShardedReplayClient:
             raise NoShard(f"replay info: no shard of {self.address} answers")
         merged = replay_pb2.TableInfo()
         merged.CopyFrom(infos[0])
-        for field in ("capacity", "size", "inserts", "samples", "priority_updates",
-                      "stale_priority_updates", "total_priority", "stored_bytes",
-                      "min_size_to_sample", "error_buffer"):  # fmt: skip
+        for field in (
+            "capacity",
+            "size",
+            "inserts",
+            "samples",
+            "priority_updates",
+            "stale_priority_updates",
+            "total_priority",
+            "stored_bytes",
+            "min_size_to_sample",
+            "error_buffer",
+        ):
             setattr(merged, field, sum(getattr(i, field) for i in infos))
         merged.max_priority = max(i.max_priority for i in infos)
         return merged

@@ -43,8 +43,17 @@ class SequenceAdder(Adder):
 
     acting_fields: ClassVar[tuple[str, ...]] = ("acting_q", "last_state")
 
-    def __init__(self, num_envs: int, length: int, period: int, obs_shape, obs_dtype,
-                 state_size: int, gamma: float, table: str = "default"):  # fmt: skip
+    def __init__(
+        self,
+        num_envs: int,
+        length: int,
+        period: int,
+        obs_shape,
+        obs_dtype,
+        state_size: int,
+        gamma: float,
+        table: str = "default",
+    ):
         check_sequence(length, period)
         if num_envs < 1:
             raise ValueError(f"num_envs: must be >= 1, got {num_envs}")

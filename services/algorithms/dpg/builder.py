@@ -63,9 +63,12 @@ class DPGBuilder(OffPolicyBuilder):
 
         spec = self.spec
         return build_actor_critic(
-            spec.obs_shape, spec.obs_dtype, spec.action_low, spec.action_high,
+            spec.obs_shape,
+            spec.obs_dtype,
+            spec.action_low,
+            spec.action_high,
             hidden_sizes(self.config.hidden),
-        )  # fmt: skip
+        )
 
     def policy(self):
         from apexrl.algorithms.dpg.learning import DPGPolicy

@@ -63,11 +63,16 @@ class DQNBuilder(OffPolicyBuilder):
         # hardware has it, 2 replays per transition so the actors keep pace with a CPU learner;
         # a lost life ends the returns as in CleanRL's and Nature DQN's training (Breakout).
         return {
-            "dqn": {**SMALL_MACHINE, "min_size_to_sample": 2_000, "samples_per_insert": 2.0,
-                    "error_buffer": 4_000.0, "target_update_interval": 250},
+            "dqn": {
+                **SMALL_MACHINE,
+                "min_size_to_sample": 2_000,
+                "samples_per_insert": 2.0,
+                "error_buffer": 4_000.0,
+                "target_update_interval": 250,
+            },
             "learner": {"batch_size": 32, "learning_rate": 1e-4, "precision": "auto"},
             "actor": {"life_loss_terminal": True},
-        }  # fmt: skip
+        }
 
     def check(self) -> None:
         super().check()
@@ -102,10 +107,15 @@ class DQNBuilder(OffPolicyBuilder):
 
         spec, s = self.spec, self.settings
         return build_network(
-            spec.obs_shape, spec.obs_dtype, spec.num_actions, hidden_sizes(self.config.hidden),
-            sigma0=s.sigma0 if s.noisy else None, atoms=s.atoms if s.distributional else 0,
-            v_min=s.v_min, v_max=s.v_max,
-        )  # fmt: skip
+            spec.obs_shape,
+            spec.obs_dtype,
+            spec.num_actions,
+            hidden_sizes(self.config.hidden),
+            sigma0=s.sigma0 if s.noisy else None,
+            atoms=s.atoms if s.distributional else 0,
+            v_min=s.v_min,
+            v_max=s.v_max,
+        )
 
     def policy(self):
         """In numpy for a plain MLP (no torch in the actor: algorithms/numpy_policies.py)."""

@@ -26,10 +26,11 @@ class Settings(UniformTable):
     alpha: float = option(0.1, "tabular write rate of a key already held: v += alpha (y - v)")
     key_size: int = option(32, "the embedding's (the keys') width")
     refresh_versions: int = option(
-        8, "a published DND row is at most this many versions older than the learner's: each"
+        8,
+        "a published DND row is at most this many versions older than the learner's: each"
         " version carries the rows written since the one before and 1/refresh_versions of the"
         " others, in turn (1: every row, every version)",
-    )  # fmt: skip
+    )
     capacity: int = redefault(UniformTable, "capacity", 100_000)
 
 
@@ -89,9 +90,13 @@ class NECBuilder(Builder):
         dnd = {"capacity": s.dnd_capacity, "neighbours": s.neighbours, "delta": s.delta}
         dnd["alpha"] = s.alpha
         return NECNetwork(
-            spec.obs_shape, spec.obs_dtype, spec.num_actions, hidden_sizes(self.config.hidden),
-            s.key_size, dnd,
-        )  # fmt: skip
+            spec.obs_shape,
+            spec.obs_dtype,
+            spec.num_actions,
+            hidden_sizes(self.config.hidden),
+            s.key_size,
+            dnd,
+        )
 
     def policy(self):
         from apexrl.algorithms.nec.learning import NECPolicy

@@ -53,12 +53,21 @@ class Settings(PrioritizedTable):
 # new policy last 10 to 30 steps; the steps a burn-in takes are never learned from), a target
 # synced often, each sequence sampled about 4 times.
 CARTPOLE = {
-    "r2d2": {"sequence_length": 20, "sequence_period": 10, "burn_in": 4, "n_step": 5,
-             "lstm_size": 64, "target_update_interval": 100, "capacity": 20_000,
-             "min_size_to_sample": 200, "samples_per_insert": 4.0, "error_buffer": 400.0},
+    "r2d2": {
+        "sequence_length": 20,
+        "sequence_period": 10,
+        "burn_in": 4,
+        "n_step": 5,
+        "lstm_size": 64,
+        "target_update_interval": 100,
+        "capacity": 20_000,
+        "min_size_to_sample": 200,
+        "samples_per_insert": 4.0,
+        "error_buffer": 400.0,
+    },
     "learner": {"batch_size": 32, "learning_rate": 1e-3, "beta": 0.6},
     "actor": {"insert_batch": 8},
-}  # fmt: skip
+}
 
 # Atari on a 2-core machine: the paper's 64 sequences of 80 steps make 0.14 updates a second on
 # one CPU thread, so a CPU learner takes 8 sequences of 20 (a burn-in of 5: the 4 stacked frames
@@ -66,12 +75,21 @@ CARTPOLE = {
 # 2e-4 for the fewer, larger batches than dqn's Atari preset (1e-4, 32 transitions); the target
 # synced every 250 updates and 2 samples per inserted sequence, as dqn's.
 ATARI = {
-    "r2d2": {"sequence_length": 20, "sequence_period": 10, "burn_in": 5, "n_step": 5,
-             "lstm_size": 256, "target_update_interval": 250, "capacity": 20_000,
-             "min_size_to_sample": 200, "samples_per_insert": 2.0, "error_buffer": 400.0},
+    "r2d2": {
+        "sequence_length": 20,
+        "sequence_period": 10,
+        "burn_in": 5,
+        "n_step": 5,
+        "lstm_size": 256,
+        "target_update_interval": 250,
+        "capacity": 20_000,
+        "min_size_to_sample": 200,
+        "samples_per_insert": 2.0,
+        "error_buffer": 400.0,
+    },
     "learner": {"batch_size": 8, "learning_rate": 2e-4, "beta": 0.6, "precision": "auto"},
     "actor": {"insert_batch": 8},
-}  # fmt: skip
+}
 
 
 def sequence_columns(spec, length: int, state_size: int) -> list[Column]:
@@ -134,15 +152,28 @@ class R2D2Builder(Builder):
 
     def adder(self, num_envs: int, policy: Policy) -> Adder:
         s, spec = self.settings, self.spec
-        return SequenceAdder(num_envs, s.sequence_length, s.sequence_period, spec.obs_shape,
-                             spec.obs_dtype, self.state_size, self.config.gamma, table=TABLE)  # fmt: skip
+        return SequenceAdder(
+            num_envs,
+            s.sequence_length,
+            s.sequence_period,
+            spec.obs_shape,
+            spec.obs_dtype,
+            self.state_size,
+            self.config.gamma,
+            table=TABLE,
+        )
 
     def network(self):
         from apexrl.algorithms.r2d2.networks import build_network
 
         spec = self.spec
-        return build_network(spec.obs_shape, spec.obs_dtype, spec.num_actions,
-                             hidden_sizes(self.config.hidden), self.settings.lstm_size)  # fmt: skip
+        return build_network(
+            spec.obs_shape,
+            spec.obs_dtype,
+            spec.num_actions,
+            hidden_sizes(self.config.hidden),
+            self.settings.lstm_size,
+        )
 
     def policy(self):
         from apexrl.algorithms.r2d2.learning import R2D2Policy

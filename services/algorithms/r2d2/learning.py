@@ -43,8 +43,12 @@ class R2D2Policy(Policy):
         self.state = after.numpy()
         q = q[:, 0].numpy()
         actions = epsilon_greedy(q.argmax(1), exploration, self.net.num_actions, rng)
-        return actions, {"state": before, "exploration": np.full(len(obs), exploration, np.float32),
-                         "q": q, "next_state": self.state.copy()}  # fmt: skip
+        return actions, {
+            "state": before,
+            "exploration": np.full(len(obs), exploration, np.float32),
+            "q": q,
+            "next_state": self.state.copy(),
+        }
 
     def act(self, obs, exploration, rng):
         return self.step(obs, exploration, rng)[0]
@@ -65,8 +69,10 @@ class R2D2Policy(Policy):
         q = np.concatenate([acting, np.zeros_like(acting[:, :1])], 1)
         q[rows, real] = after[:, 0].numpy()
         q = torch.from_numpy(q[:, s.burn_in :])
-        batch = {name: torch.from_numpy(np.asarray(items[name]))
-                 for name in ("actions", "rewards", "discounts", "mask")}  # fmt: skip
+        batch = {
+            name: torch.from_numpy(np.asarray(items[name]))
+            for name in ("actions", "rewards", "discounts", "mask")
+        }
         td, mask, _ = td_errors(q, q, batch, s.burn_in, s.n_step)
         return priority_mix(td, mask, s.priority_eta).numpy().astype(np.float32)
 

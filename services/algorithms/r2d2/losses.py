@@ -65,8 +65,9 @@ def unroll_with_burn_in(net: nn.Module, obs: torch.Tensor, state: torch.Tensor, 
     return q
 
 
-def sequence_td_errors(online: nn.Module, target: nn.Module, batch: dict[str, torch.Tensor],
-                       burn_in: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def sequence_td_errors(
+    online: nn.Module, target: nn.Module, batch: dict[str, torch.Tensor], burn_in: int, n: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(td errors [B, T - burn_in] of the learned steps, their mask, Q(s, a) there) of a batch of
     sequences (the columns adders/sequence.py writes)."""
     obs, state = batch["observations"], batch["state"]
@@ -76,8 +77,9 @@ def sequence_td_errors(online: nn.Module, target: nn.Module, batch: dict[str, to
     return td_errors(q, q_target, batch, burn_in, n)
 
 
-def td_errors(q: torch.Tensor, q_target: torch.Tensor, batch: dict[str, torch.Tensor],
-              burn_in: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def td_errors(
+    q: torch.Tensor, q_target: torch.Tensor, batch: dict[str, torch.Tensor], burn_in: int, n: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """sequence_td_errors from the online and target Q-values [B, T + 1 - burn_in, A] of the
     learned steps' observations and the one after the last real step (at the sequence's
     index `real`; rows after it are never read)."""
@@ -88,8 +90,9 @@ def td_errors(q: torch.Tensor, q_target: torch.Tensor, batch: dict[str, torch.Te
         values = torch.cat([torch.zeros_like(bootstrap[:, :1]), bootstrap], 1)
         mask = batch["mask"][:, burn_in:]
         real = (batch["mask"].sum(1) - burn_in).clamp(min=0).long()
-        returns = nstep_returns(batch["rewards"][:, burn_in:], batch["discounts"][:, burn_in:],
-                                values, real, n)  # fmt: skip
+        returns = nstep_returns(
+            batch["rewards"][:, burn_in:], batch["discounts"][:, burn_in:], values, real, n
+        )
         y = rescale(returns)
     actions = batch["actions"][:, burn_in:].long().unsqueeze(2)
     q_taken = q[:, :-1].gather(2, actions).squeeze(2)

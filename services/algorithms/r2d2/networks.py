@@ -40,6 +40,11 @@ class RecurrentQNetwork(nn.Module):
         return q.float(), torch.cat([h[0], c[0]], dim=1).float()
 
 
-def build_network(obs_shape: Sequence[int], obs_dtype: npt.DTypeLike, num_actions: int,
-                  hidden: Sequence[int], lstm_size: int) -> RecurrentQNetwork:  # fmt: skip
+def build_network(
+    obs_shape: Sequence[int],
+    obs_dtype: npt.DTypeLike,
+    num_actions: int,
+    hidden: Sequence[int],
+    lstm_size: int,
+) -> RecurrentQNetwork:
     return RecurrentQNetwork(build_torso(obs_shape, obs_dtype, hidden), num_actions, lstm_size)

@@ -103,8 +103,9 @@ class UNREALBuilder(IMPALABuilder):
                 f"pc_lambda: pixel control learns a Q-value per Discrete action, {self.spec.env_id}"
                 f" has Box actions of shape {self.spec.action_shape} (set pc_lambda = 0)"
             )
-        if s.pc_lambda > 0 and not (compressed_observations(self.spec) and
-                                    len(self.spec.obs_shape) == 3):  # fmt: skip
+        if s.pc_lambda > 0 and not (
+            compressed_observations(self.spec) and len(self.spec.obs_shape) == 3
+        ):
             raise ValueError(
                 f"pc_lambda: pixel control needs image observations, {self.spec.env_id} has"
                 f" {self.spec.obs_shape} {np.dtype(self.spec.obs_dtype)} (set pc_lambda = 0)"
@@ -126,31 +127,46 @@ class UNREALBuilder(IMPALABuilder):
 
     def tables(self) -> list[ReplayTableConfig]:
         s = self.settings
-        capacity = {EXPERIENCE: s.experience_steps // s.sequence_length,
-                    REWARDS: s.experience_steps}  # fmt: skip
+        capacity = {
+            EXPERIENCE: s.experience_steps // s.sequence_length,
+            REWARDS: s.experience_steps,
+        }
         sampler = {EXPERIENCE: "uniform", REWARDS: "balanced"}
         return super().tables() + [
             ReplayTableConfig(
-                name=name, capacity=capacity[name], sampler=sampler[name], remover="fifo",
-                rate_limiter="ratio", min_size_to_sample=min(capacity[name], s.replay_batch),
+                name=name,
+                capacity=capacity[name],
+                sampler=sampler[name],
+                remover="fifo",
+                rate_limiter="ratio",
+                min_size_to_sample=min(capacity[name], s.replay_batch),
                 signature=signature(self.table_columns(name)),
             )
             for name in self.replayed
-        ]  # fmt: skip
+        ]
 
     def adders(self, num_envs: int, policy: Policy) -> list[Adder]:
         spec, s = self.spec, self.settings
         adders = [self.adder(num_envs, policy)]
         if EXPERIENCE in self.replayed:
-            adders.append(ExperienceAdder(
-                num_envs, s.sequence_length, spec.obs_shape, spec.obs_dtype,
-                gamma=self.config.gamma, values=policy.values, table=EXPERIENCE,
-                **self.action_options(),
-            ))  # fmt: skip
+            adders.append(
+                ExperienceAdder(
+                    num_envs,
+                    s.sequence_length,
+                    spec.obs_shape,
+                    spec.obs_dtype,
+                    gamma=self.config.gamma,
+                    values=policy.values,
+                    table=EXPERIENCE,
+                    **self.action_options(),
+                )
+            )
         if REWARDS in self.replayed:
-            adders.append(RewardWindowAdder(
-                num_envs, spec.obs_shape, spec.obs_dtype, s.reward_threshold, REWARDS
-            ))  # fmt: skip
+            adders.append(
+                RewardWindowAdder(
+                    num_envs, spec.obs_shape, spec.obs_dtype, s.reward_threshold, REWARDS
+                )
+            )
         return adders
 
     def auxiliary_datasets(self):
@@ -164,8 +180,11 @@ class UNREALBuilder(IMPALABuilder):
 
         spec, s = self.spec, self.settings
         return UNREALNetwork(
-            spec.obs_shape, spec.obs_dtype, spec.num_actions,
+            spec.obs_shape,
+            spec.obs_dtype,
+            spec.num_actions,
             hidden_sizes(self.config.hidden, HIDDEN),
-            pixel_control=s.pc_lambda > 0, reward_prediction=s.rp_lambda > 0,
+            pixel_control=s.pc_lambda > 0,
+            reward_prediction=s.rp_lambda > 0,
             **self.network_options(),
-        )  # fmt: skip
+        )
