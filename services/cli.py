@@ -142,6 +142,12 @@ def tables(argv: list[str]) -> None:
     replay_tables.main(argv)
 
 
+def set_settings(argv: list[str]) -> None:
+    from apexrl import live
+
+    sys.exit(live.main(argv))
+
+
 def plot(argv: list[str]) -> None:
     from apexrl import plot as plotting
 
@@ -157,6 +163,7 @@ COMMANDS = {
     "eval": (evaluate, "plays a learner checkpoint greedily and prints the returns"),
     "tables": (tables, "a config file's [[replay.tables]], from its algorithm's settings"),
     "plot": (plot, "overlays local-mode runs' learning curves in one PNG"),
+    "set": (set_settings, "changes settings of a running learner (learning_rate=1e-4 ...)"),
 }
 
 

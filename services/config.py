@@ -435,3 +435,12 @@ class EvalConfig:
         "record each episode as mp4 in this folder, named by env, version, seed and return"
         " (played one at a time; needs the video extra)",
     )
+
+
+@dataclass
+class SetConfig(ClientTLSConfig):
+    """apexrl set NAME=VALUE ...: changes settings of a running learner, from its next update
+    on (those a schedule could move: docs/algorithms.md#schedules)."""
+
+    learner: str = option("127.0.0.1:50052", "learner server address")
+    timeout: float = option(10.0, "seconds to wait for the learner's answer to each change")

@@ -116,6 +116,9 @@ class OnPolicyBuilder(Builder):
             )
         if not self.settings.optimizer_eps > 0:
             raise ValueError(f"optimizer_eps: must be > 0, got {self.settings.optimizer_eps}")
+        for name in ("entropy_cost", "value_cost"):
+            if not getattr(self.settings, name) >= 0:  # NaN fails too
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self.settings, name)}")
 
     def check_policy(self) -> None:
         """Refuses a policy the action space cannot take, and normalization it cannot use."""

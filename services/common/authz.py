@@ -21,7 +21,7 @@ import prometheus_client
 from apexrl.common.errors import RequestError
 from apexrl.v1 import learner_pb2, replay_pb2
 
-ROLES = ("replay", "learner", "actor", "evaluator")
+ROLES = ("replay", "learner", "actor", "evaluator", "admin")
 
 OPEN_SERVICES = (
     "grpc.health.v1.Health",
@@ -58,6 +58,8 @@ DEFAULT_POLICY: dict[str, tuple[str, ...]] = {
         "apexrl.v1.Replay/Checkpoint",
     ),
     "evaluator": ("apexrl.v1.Learner/GetParameters", "apexrl.v1.Learner/ReportEvaluation"),
+    # A person's certificate (`apexrl set`): settings of the running learner.
+    "admin": ("apexrl.v1.Learner/SetSetting",),
 }
 
 

@@ -141,3 +141,9 @@ class LearnerClient(GrpcClient):
         return self._retry(
             lambda: self.stub.ReportEvaluation(request, timeout=self.timeout), "report_evaluation"
         )
+
+    def set_setting(self, name: str, value: float) -> learner_pb2.SetSettingResponse:
+        """Changes a setting of the running learner (SetSetting); not retried: a change the
+        learner refused, or never got, is the caller's to see."""
+        request = learner_pb2.SetSettingRequest(name=name, value=value)
+        return self.stub.SetSetting(request, timeout=self.timeout)

@@ -65,7 +65,8 @@ class LearnerMetrics:
         )
         self.scheduled = prometheus_client.Gauge(
             "apexrl_learner_scheduled_setting",
-            "A setting given a schedule, at the learner's step (label: the setting's name).",
+            "A setting given a schedule or changed live (apexrl set), at the learner's step"
+            " (label: the setting's name).",
             ["setting"],
             registry=registry,
         )

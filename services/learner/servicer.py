@@ -1,4 +1,5 @@
-"""The Learner gRPC service: parameters and leases for actors, evaluation reports.
+"""The Learner gRPC service: parameters and leases for actors, evaluation reports, live
+changes of settings (SetSetting: learner/scheduled.py).
 
 GetParameters answers with bytes serialized by the ParameterStore (each version's parameters
 encoded once, at publish): `add_to_server` registers it with no response serializer."""
@@ -8,16 +9,20 @@ import contextlib
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import grpc
 import prometheus_client
 
 from apexrl.algorithms.base import Builder
-from apexrl.common.errors import InvalidArgument
+from apexrl.common.errors import FailedPrecondition, InvalidArgument
 from apexrl.learner.best import BestModel
 from apexrl.learner.leases import Leases
 from apexrl.learner.parameters import ParameterStore
 from apexrl.v1 import learner_pb2, learner_pb2_grpc
+
+if TYPE_CHECKING:
+    from apexrl.learner.training import Learner
 
 MAX_WAIT_SECONDS = 60.0  # GetParametersRequest.wait_seconds
 
@@ -30,9 +35,11 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         live_actors: prometheus_client.Gauge,
         best: BestModel,
         algorithm: Builder,
+        learner: "Learner | None" = None,
     ):
+        """learner: the training one, whose settings SetSetting changes (None: it refuses)."""
         self.store, self.leases, self.live_actors, self.best = store, leases, live_actors, best
-        self.algorithm = algorithm
+        self.algorithm, self.learner = algorithm, learner
         # Long polls wait on this event; each publish sets it and puts a fresh one in place.
         self._published: asyncio.Event | None = None
         self._stopping = False
@@ -113,6 +120,16 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         loop = asyncio.get_running_loop()  # the report may write a checkpoint
         return await loop.run_in_executor(self._reports, self.best.report, request)
 
+    async def SetSetting(self, request, context):
+        if self.learner is None:
+            raise FailedPrecondition(
+                "name", "this learner serves no training: no settings to change"
+            )
+        previous = self.learner.scheduled.change(request.name, request.value)
+        return learner_pb2.SetSettingResponse(
+            previous=previous, update_step=self.learner.update_step
+        )
+
 
 def add_to_server(servicer: LearnerServicer, server: grpc.aio.Server) -> None:
     """Registers `servicer` as learner_pb2_grpc.add_LearnerServicer_to_server does, but with
@@ -127,6 +144,11 @@ def add_to_server(servicer: LearnerServicer, server: grpc.aio.Server) -> None:
             servicer.ReportEvaluation,
             request_deserializer=learner_pb2.ReportEvaluationRequest.FromString,
             response_serializer=learner_pb2.ReportEvaluationResponse.SerializeToString,
+        ),
+        "SetSetting": grpc.unary_unary_rpc_method_handler(
+            servicer.SetSetting,
+            request_deserializer=learner_pb2.SetSettingRequest.FromString,
+            response_serializer=learner_pb2.SetSettingResponse.SerializeToString,
         ),
     }
     name = learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name

@@ -23,6 +23,7 @@ import torch
 from apexrl.algorithms.base import Builder
 from apexrl.algorithms.columns import unpack
 from apexrl.common.codec import Packed
+from apexrl.common.errors import InvalidArgument
 from apexrl.common.tensors import codec_to_proto, dtype_from_proto
 from apexrl.config import LearnerConfig
 from apexrl.learner import checkpoint
@@ -89,12 +90,13 @@ class Learner:
             torch.manual_seed(config.seed)
         self.learning = algorithm.learning(config, self.device)
         self.scheduled = ScheduledSettings(
-            config, algorithm.settings, self.learning.optimizers(), metrics.scheduled
+            config, algorithm, self.learning.optimizers(), metrics.scheduled
         )
         self.columns = {c.name: c for c in algorithm.table_columns(self.dataset.table)}
         self.update_step = 0
         self.samples_consumed = 0
         self.decode_failed = False  # warned once, counted always
+        self.checkpointed_changes = 0  # live changes (scheduled.changes) in a checkpoint
         self.stop = threading.Event()
         self.helpers: list[threading.Thread] = []
         meta = (
@@ -106,9 +108,20 @@ class Learner:
             self.update_step, self.samples_consumed = meta["update_step"], meta["samples_consumed"]
             self.publish(version=meta["version"])
             metrics.update_step.set(self.update_step)
+            self.resume_live_settings(meta.get("live_settings", {}))
         if self.store.version == 0:
             self.publish()
         self.scheduled.apply(self.update_step)
+
+    def resume_live_settings(self, changes: dict[str, float]) -> None:
+        """The live changes a checkpoint holds, over the config's values (ValueError: one
+        this config cannot take)."""
+        for name, value in changes.items():
+            try:
+                self.scheduled.change(name, value)
+            except InvalidArgument as err:
+                raise ValueError(f"the checkpoint's live change of {err}") from None
+        self.checkpointed_changes = self.scheduled.changes  # in the checkpoint already
 
     def autocast(self) -> torch.autocast:
         """What updates run under: with precision bfloat16, convolutions and matrix products
@@ -127,6 +140,7 @@ class Learner:
 
     def checkpoint(self) -> None:
         """Publishes, then writes the algorithm's state and the counters (no pickle)."""
+        self.checkpointed_changes = self.scheduled.changes
         if not self.config.checkpoint_dir:
             return
         self.publish()  # the newest version is published from the weights checkpointed
@@ -134,6 +148,7 @@ class Learner:
             "update_step": self.update_step,
             "version": self.store.version,
             "samples_consumed": self.samples_consumed,
+            "live_settings": dict(self.scheduled.live),
         }
         try:
             checkpoint.save(self.config, self.algorithm.name, self.learning, counters)
@@ -289,7 +304,8 @@ class Learner:
                 self.metrics.wait_fraction.set(waited / busy if busy else 0.0)
                 waited = busy = 0.0
             interval = self.config.checkpoint_interval
-            if interval > 0 and time.monotonic() - last_checkpoint > interval:
+            changed = self.scheduled.changes != self.checkpointed_changes  # kept at once
+            if changed or (interval > 0 and time.monotonic() - last_checkpoint > interval):
                 self.checkpoint()
                 last_checkpoint = time.monotonic()
 
@@ -371,8 +387,7 @@ class Learner:
     def _sample(self, replay: Replay, dataset=None) -> Iterator:
         dataset = dataset or self.dataset
         size = dataset.batch_size or self.config.batch_size
-        beta = self.scheduled.sampling_beta
-        return dataset.batches(replay, size, self.config.beta if beta is None else beta, self.stop)
+        return dataset.batches(replay, size, self.scheduled.sampling_beta, self.stop)
 
     def _prefetch(self, replay: Replay, batches: queue.Queue, dataset=None,
                   declared=None) -> None:  # fmt: skip

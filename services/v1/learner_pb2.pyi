@@ -103,3 +103,19 @@ class ReportEvaluationResponse(_message.Message):
     best_version: int
     best_mean_return: float
     def __init__(self, kept: _Optional[bool] = ..., best_version: _Optional[int] = ..., best_mean_return: _Optional[float] = ...) -> None: ...
+
+class SetSettingRequest(_message.Message):
+    __slots__ = ("name", "value")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    value: float
+    def __init__(self, name: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+
+class SetSettingResponse(_message.Message):
+    __slots__ = ("previous", "update_step")
+    PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_STEP_FIELD_NUMBER: _ClassVar[int]
+    previous: float
+    update_step: int
+    def __init__(self, previous: _Optional[float] = ..., update_step: _Optional[int] = ...) -> None: ...

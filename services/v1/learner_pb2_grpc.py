@@ -45,6 +45,11 @@ class LearnerStub:
                 request_serializer=apexrl_dot_v1_dot_learner__pb2.ReportEvaluationRequest.SerializeToString,
                 response_deserializer=apexrl_dot_v1_dot_learner__pb2.ReportEvaluationResponse.FromString,
                 _registered_method=True)
+        self.SetSetting = channel.unary_unary(
+                '/apexrl.v1.Learner/SetSetting',
+                request_serializer=apexrl_dot_v1_dot_learner__pb2.SetSettingRequest.SerializeToString,
+                response_deserializer=apexrl_dot_v1_dot_learner__pb2.SetSettingResponse.FromString,
+                _registered_method=True)
 
 
 class LearnerServicer:
@@ -81,6 +86,20 @@ class LearnerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetSetting(self, request, context):
+        """Changes a setting of the running learner to a constant, from its next
+        update on: one that a schedule could move (docs/algorithms.md#schedules),
+        whether it has one or not. The change is logged, shown as
+        apexrl_learner_scheduled_setting, and kept in the learner's checkpoints
+        (a resumed learner keeps it). INVALID_ARGUMENT naming the setting for: a
+        setting that cannot change during a run (or none by that name), a value
+        that is not finite or that the setting refuses. The admin role's (per-RPC
+        authorization). Nothing changes on an error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LearnerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -93,6 +112,11 @@ def add_LearnerServicer_to_server(servicer, server):
                     servicer.ReportEvaluation,
                     request_deserializer=apexrl_dot_v1_dot_learner__pb2.ReportEvaluationRequest.FromString,
                     response_serializer=apexrl_dot_v1_dot_learner__pb2.ReportEvaluationResponse.SerializeToString,
+            ),
+            'SetSetting': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetSetting,
+                    request_deserializer=apexrl_dot_v1_dot_learner__pb2.SetSettingRequest.FromString,
+                    response_serializer=apexrl_dot_v1_dot_learner__pb2.SetSettingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -150,6 +174,33 @@ class Learner:
             '/apexrl.v1.Learner/ReportEvaluation',
             apexrl_dot_v1_dot_learner__pb2.ReportEvaluationRequest.SerializeToString,
             apexrl_dot_v1_dot_learner__pb2.ReportEvaluationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetSetting(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apexrl.v1.Learner/SetSetting',
+            apexrl_dot_v1_dot_learner__pb2.SetSettingRequest.SerializeToString,
+            apexrl_dot_v1_dot_learner__pb2.SetSettingResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -73,6 +73,7 @@ CLIENT_SANS = {
     "actor": [x509.DNSName("actor"), x509.DNSName("actor.apexrl.svc")],
     "learner": [x509.UniformResourceIdentifier("spiffe://cluster.local/ns/apexrl/sa/learner")],
     "evaluator": [x509.DNSName("evaluator.apexrl")],
+    "admin": [x509.DNSName("admin")],
     "nobody": [x509.DNSName("mallory.example"), x509.UniformResourceIdentifier("https://x/actor")],
     "two roles": [x509.DNSName("actor"), x509.DNSName("learner")],
 }
@@ -192,12 +193,13 @@ def test_learner_and_actor_talk_to_a_mutual_tls_replay(service_process, pki):
 
 # --- per-RPC authorization by the role in the client certificate ---------------------------
 
-ROLES = ["actor", "learner", "evaluator"]
+ROLES = ["actor", "learner", "evaluator", "admin"]
 ALLOWED = {
     "actor": {"Replay/Insert", "Replay/Info", "Learner/GetParameters"},
     "learner": {"Replay/Sample", "Replay/SampleStream", "Replay/UpdatePriorities",
                 "Replay/UpdatePrioritiesStream", "Replay/Info", "Replay/Checkpoint"},
     "evaluator": {"Learner/GetParameters", "Learner/ReportEvaluation"},
+    "admin": {"Learner/SetSetting"},
 }  # fmt: skip
 
 
@@ -340,15 +342,20 @@ def test_each_role_may_call_only_its_learner_methods(tmp_path, pki, role):
             code, details = _code(lambda: stub.GetParameters(pull, timeout=10))
             report = _report(arrays, store.version)
             report_code, report_details = _code(lambda: stub.ReportEvaluation(report, timeout=10))
+            change = learner_pb2.SetSettingRequest(name="learning_rate", value=1e-4)
+            set_code, set_details = _code(lambda: stub.SetSetting(change, timeout=10))
         with _channel(address, pki, "actor") as channel:
             # The lease count an allowed actor sees: 1 plus the caller's, had it been leased.
             witness = learner_pb2.GetParametersRequest(actor_id="witness")
             lease = learner_pb2_grpc.LearnerStub(channel).GetParameters(witness, timeout=10)
         best_version = servicer.best.version
+    # A servicer without a training loop answers an allowed SetSetting FAILED_PRECONDITION.
+    answered = {"SetSetting": grpc.StatusCode.FAILED_PRECONDITION}
     for method, got, text in (("GetParameters", code, details),
-                              ("ReportEvaluation", report_code, report_details)):  # fmt: skip
+                              ("ReportEvaluation", report_code, report_details),
+                              ("SetSetting", set_code, set_details)):  # fmt: skip
         if f"Learner/{method}" in ALLOWED[role]:
-            assert got == grpc.StatusCode.OK, (role, method, got, text)
+            assert got == answered.get(method, grpc.StatusCode.OK), (role, method, got, text)
         else:
             assert got == grpc.StatusCode.PERMISSION_DENIED, (role, method, got)
             assert f"role {role!r}" in text and f"apexrl.v1.Learner/{method}" in text, text

@@ -16,7 +16,8 @@ def test_no_entries_give_each_role_what_its_own_code_calls():
     }
     assert "apexrl.v1.Replay/Checkpoint" in policy["learner"]
     assert "apexrl.v1.Replay/Insert" not in policy["learner"]
-    assert set(policy) == {"actor", "learner", "evaluator"}
+    assert set(policy) == {"actor", "learner", "evaluator", "admin"}
+    assert policy["admin"] == {"apexrl.v1.Learner/SetSetting"}  # a person: `apexrl set`
     assert set().union(*policy.values()) <= set(authz.METHODS)
 
 
@@ -43,8 +44,8 @@ def test_a_bad_table_is_refused_naming_the_entry(entries, message):
 
 def test_a_config_file_with_an_unknown_role_is_refused(tmp_path):
     path = tmp_path / "apexrl.toml"
-    path.write_text('[[authorization]]\nrole = "admin"\nmethods = ["apexrl.v1.Replay/Info"]\n')
-    with pytest.raises(ValueError, match=r"\[\[authorization\]\]: entry 0: unknown role 'admin'"):
+    path.write_text('[[authorization]]\nrole = "root"\nmethods = ["apexrl.v1.Replay/Info"]\n')
+    with pytest.raises(ValueError, match=r"\[\[authorization\]\]: entry 0: unknown role 'root'"):
         cfg.parse(cfg.ReplayConfig, ["--config", str(path)], "replay", "apexrl replay")
     # The actors have no such setting: the shared file does not concern them.
     cfg.parse(cfg.ActorConfig, ["--config", str(path)], "actor", "apexrl actor")

@@ -3,6 +3,7 @@ file, flags and the environment, applied before every update (learner/scheduled.
 continued after a resume, refused with the setting's name when they cannot be."""
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import prometheus_client
@@ -132,7 +133,8 @@ def test_learning_rates_follow_the_schedule_in_proportion():
     )
     registry = prometheus_client.CollectorRegistry()
     gauge = prometheus_client.Gauge("g", "g", ["setting"], registry=registry)
-    scheduled = ScheduledSettings(config, settings, [critic, policy], gauge)
+    builder = SimpleNamespace(settings=settings, check=lambda: None)
+    scheduled = ScheduledSettings(config, builder, [critic, policy], gauge)
     scheduled.apply(25)
     assert critic.param_groups[0]["lr"] == pytest.approx(7.5e-4)
     assert policy.param_groups[0]["lr"] == pytest.approx(7.5e-5)
@@ -183,6 +185,8 @@ def test_a_resumed_learner_continues_its_schedules(tmp_path):
         "apexrl_learner_scheduled_setting", {"setting": "learning_rate"}
     )
     assert math.isclose(value, 7e-4)
+    resumed.scheduled.apply(500)  # the schedule still moves the optimizer it loaded
+    assert resumed.learning.optimizers()[0].param_groups[0]["lr"] == pytest.approx(5e-4)
 
 
 def test_each_setting_counts_its_own_steps(tmp_path):
