@@ -3,7 +3,6 @@ loss on its unroll, and the learner applies exactly it (both checked against the
 out here, step by step, and torch autograd); gradients too stale are dropped and counted;
 the gradient column's length counted without torch; the settings it refuses by name."""
 
-import copy
 import math
 
 import numpy as np
@@ -17,6 +16,7 @@ from apexrl.algorithms.a3c.losses import a3c_loss, nstep_returns
 from apexrl.algorithms.actor_critic import ActorCriticNetwork
 from apexrl.algorithms.base import Step, hidden_sizes
 from apexrl.algorithms.envs import EnvSpec, env_spec
+from apexrl.algorithms.networks import state_to_numpy
 from apexrl.config import ActorConfig, AgentConfig, LearnerConfig
 
 # --- returns and loss ----------------------------------------------------------------------
@@ -37,9 +37,15 @@ def test_the_loss_weighs_log_pi_by_the_detached_advantage_and_regresses_v_on_the
     logits = torch.tensor([[[0.0, math.log(3)]]], requires_grad=True)
     values = torch.tensor([[1.0]], requires_grad=True)
     loss, figures = a3c_loss(
-        logits, values, torch.tensor([4.0]), torch.tensor([[1]]), torch.tensor([[1.0]]),
-        torch.tensor([[0.5]]), value_cost=0.5, entropy_cost=0.1,
-    )  # fmt: skip
+        logits,
+        values,
+        torch.tensor([4.0]),
+        torch.tensor([[1]]),
+        torch.tensor([[1.0]]),
+        torch.tensor([[0.5]]),
+        value_cost=0.5,
+        entropy_cost=0.1,
+    )
     entropy = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
     assert float(figures["policy_loss"]) == pytest.approx(-math.log(0.75) * 2, rel=1e-6)
     assert float(figures["value_loss"]) == pytest.approx(2.0, rel=1e-6)
@@ -109,33 +115,34 @@ def loss_written_out(net: ActorCriticNetwork, steps: list[Step], discrete: bool)
     return torch.stack(terms).mean()
 
 
-def randomized(policy, seed: int) -> None:
+def randomized(net: ActorCriticNetwork, seed: int) -> ActorCriticNetwork:
     """Weights far from the initial ones (orthogonal init makes the policy near-uniform)."""
     torch.manual_seed(seed)
     with torch.no_grad():
-        for parameter in policy.net.parameters():
+        for parameter in net.parameters():
             parameter.normal_(0.0, 0.3)
+    return net
 
 
 @pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1"])
 @pytest.mark.parametrize("max_grad_norm", [1e9, 0.5])
 def test_the_gradient_applied_is_the_gradient_of_the_loss_on_its_unroll(env, max_grad_norm):
     """The actor's item holds d loss / d theta of its unroll at the weights it acted with (the
-    loss written out above, through torch autograd); the learner, holding the same weights,
+    loss written out above, through torch autograd; the policy acts in numpy, the adder's
+    network takes its weights); the learner, holding the same weights,
     takes one RMSProp step on exactly that gradient (clipped to max_grad_norm), worked out
     here: square_avg = (1 - 0.99) g^2, theta -= lr g / (sqrt(square_avg) + eps)."""
     settings = Settings(unroll_length=LENGTH, value_cost=VALUE_COST, entropy_cost=ENTROPY_COST)
     actor = ActorConfig(algorithm="a3c", env=env, hidden="16,8", gamma=GAMMA, algo=settings)
     builder = algorithms.make(actor)
-    policy = builder.policy()
-    randomized(policy, 3)
+    policy, net = builder.policy(), randomized(builder.network(), 3)
     adder = builder.adder(2, policy)
+    policy.load(state_to_numpy(net))
     items = [adder.add(step) for step in unroll_steps(policy, builder.spec, 4)]
     assert [item is None for item in items] == [True] * (LENGTH - 1) + [False]
     item = items[-1]
     assert item["version"].tolist() == [7] and item["gradient"].dtype == np.float32
 
-    net = copy.deepcopy(policy.net)
     loss = loss_written_out(net, unroll_steps(policy, builder.spec, 4), builder.spec.discrete)
     expected = torch.autograd.grad(loss, list(net.parameters()))
     flat = torch.cat([g.reshape(-1) for g in expected]).numpy()
@@ -145,10 +152,16 @@ def test_the_gradient_applied_is_the_gradient_of_the_loss_on_its_unroll(env, max
     assert float(item["loss"][0]) == pytest.approx(loss, rel=1e-5)
 
     lr, eps = 0.01, settings.optimizer_eps
-    config = LearnerConfig(algorithm="a3c", env=env, hidden="16,8", learning_rate=lr,
-                           max_grad_norm=max_grad_norm, algo=settings)  # fmt: skip
+    config = LearnerConfig(
+        algorithm="a3c",
+        env=env,
+        hidden="16,8",
+        learning_rate=lr,
+        max_grad_norm=max_grad_norm,
+        algo=settings,
+    )
     learning = algorithms.make(config).learning(config, torch.device("cpu"))
-    learning.net.load_state_dict(policy.net.state_dict())
+    learning.net.load_state_dict(net.state_dict())
     batch = {k: torch.from_numpy(v) for k, v in item.items()} | {"staleness": torch.tensor([2])}
     _, figures = learning.update(batch, torch.ones(1), 1)
     norm = float(np.linalg.norm(flat.astype(np.float64)))
@@ -160,6 +173,24 @@ def test_the_gradient_applied_is_the_gradient_of_the_loss_on_its_unroll(env, max
         step = lr * g / ((0.01 * g**2).sqrt() + eps)
         after = dict(learning.net.named_parameters())[name]
         torch.testing.assert_close(after, before - step, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_each_unrolls_gradient_is_at_the_weights_that_acted_it():
+    """The actor loads new weights between two unrolls: the second gradient is the loss's at
+    them, not at the first ones."""
+    settings = Settings(unroll_length=LENGTH, value_cost=VALUE_COST, entropy_cost=ENTROPY_COST)
+    actor = ActorConfig(algorithm="a3c", hidden="16,8", gamma=GAMMA, algo=settings)
+    builder = algorithms.make(actor)
+    policy = builder.policy()
+    adder = builder.adder(2, policy)
+    for seed in (3, 5):
+        net = randomized(builder.network(), seed)
+        policy.load(state_to_numpy(net))
+        *_, item = [adder.add(step) for step in unroll_steps(policy, builder.spec, seed)]
+        loss = loss_written_out(net, unroll_steps(policy, builder.spec, seed), discrete=True)
+        expected = torch.autograd.grad(loss, list(net.parameters()))
+        flat = torch.cat([g.reshape(-1) for g in expected]).numpy()
+        np.testing.assert_allclose(item["gradient"][0], flat, rtol=1e-4, atol=1e-6)
 
 
 # --- staleness -----------------------------------------------------------------------------
@@ -246,7 +277,8 @@ def test_a_box_action_space_of_more_than_one_dimension_is_refused_naming_the_alg
     from apexrl.algorithms.a3c.builder import A3CBuilder
 
     spec = env_spec("Pendulum-v1")
-    flat = EnvSpec("Grid-v0", (3,), np.dtype(np.float32), 0, (2, 2), spec.action_low,
-                   spec.action_high)  # fmt: skip
+    flat = EnvSpec(
+        "Grid-v0", (3,), np.dtype(np.float32), 0, (2, 2), spec.action_low, spec.action_high
+    )
     with pytest.raises(ValueError, match="algorithm: a3c acts in Discrete or 1-D Box action"):
         A3CBuilder(AgentConfig(algorithm="a3c"), flat)

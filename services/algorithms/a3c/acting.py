@@ -1,6 +1,8 @@
 """A3C's actor side: the adder that turns each unroll of the actor's envs into the gradient of
-the loss on it (losses.py), taken with the network the actor acted with (builder.py says why
-gradients are items).
+the loss on it (losses.py), taken with a torch copy of the network at the parameters the actor
+acted with (builder.py says why gradients are items). The policy acts as impala's and ppo's
+do, in numpy on vector observations (acting and the evaluator need no torch), in torch on
+frames; the gradient alone needs torch.
 
 The unroll is adders/unroll.py's (one version's: the actor changes parameters only between
 unrolls; a truncated episode's last reward carries gamma * V(final observation)); the item,
@@ -12,14 +14,17 @@ one per unroll of all the actor's envs, holds:
     loss, policy_loss, value_loss, entropy, value_mean []   the loss's figures on the unroll
 """
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
 from apexrl.algorithms.a3c.losses import a3c_loss
-from apexrl.algorithms.actor_critic import ActorCriticNetwork, ActorCriticPolicy
+from apexrl.algorithms.actor_critic import ActorCriticNetwork
 from apexrl.algorithms.adders.unroll import UnrollAdder
-from apexrl.algorithms.base import Adder, Step
+from apexrl.algorithms.base import Adder, Policy, Step
 from apexrl.algorithms.envs import EnvSpec
+from apexrl.algorithms.networks import load_numpy_state
 from apexrl.algorithms.tables import TABLE
 
 
@@ -49,9 +54,16 @@ def unroll_gradient(
         return torch.from_numpy(unroll[name]).transpose(0, 1)
 
     loss, figures = a3c_loss(
-        out[:-1], values[:-1], values[-1], time_major("actions"), time_major("rewards"),
-        time_major("discounts"), value_cost, entropy_cost, net.distribution,
-    )  # fmt: skip
+        out[:-1],
+        values[:-1],
+        values[-1],
+        time_major("actions"),
+        time_major("rewards"),
+        time_major("discounts"),
+        value_cost,
+        entropy_cost,
+        net.distribution,
+    )
     net.zero_grad(set_to_none=True)
     loss.backward()
     gradient = flat_gradient(net).numpy()
@@ -61,7 +73,12 @@ def unroll_gradient(
 
 class GradientAdder(Adder):
     """Unrolls of `length` steps of every env, each turned into one gradient item as soon as it
-    is complete (the learner waits for them)."""
+    is complete (the learner waits for them).
+
+    `net` is the network the gradients are taken with: the policy's own where it acts in
+    torch (`weights` None), else a copy into which `weights()`, the arrays the policy acts
+    with, are loaded whenever they have changed (the actor loads new ones only between
+    unrolls, so an unroll's gradient is at the parameters that acted it)."""
 
     insert_at_once = True
 
@@ -70,8 +87,10 @@ class GradientAdder(Adder):
         num_envs: int,
         length: int,
         spec: EnvSpec,
-        policy: ActorCriticPolicy,
+        policy: Policy,
+        net: ActorCriticNetwork,
         *,
+        weights: Callable[[], dict[str, np.ndarray]] | None = None,
         gamma: float,
         value_cost: float,
         entropy_cost: float,
@@ -79,12 +98,20 @@ class GradientAdder(Adder):
         action_dtype=np.int64,
         table: str = TABLE,
     ):
-        self.table, self.net = table, policy.net
+        self.table, self.net, self.weights = table, net, weights
+        self.loaded: dict[str, np.ndarray] | None = None  # the arrays net holds
         self.value_cost, self.entropy_cost = value_cost, entropy_cost
         self.unrolls = UnrollAdder(
-            num_envs, length, spec.obs_shape, spec.obs_dtype, gamma=gamma, values=policy.values,
-            table=table, action_shape=action_shape, action_dtype=action_dtype,
-        )  # fmt: skip
+            num_envs,
+            length,
+            spec.obs_shape,
+            spec.obs_dtype,
+            gamma=gamma,
+            values=policy.values,
+            table=table,
+            action_shape=action_shape,
+            action_dtype=action_dtype,
+        )
 
     @property
     def at_boundary(self) -> bool:
@@ -94,6 +121,9 @@ class GradientAdder(Adder):
         unroll = self.unrolls.add(step)
         if unroll is None:
             return None
+        if self.weights is not None and self.weights() is not self.loaded:
+            self.loaded = self.weights()
+            load_numpy_state(self.net, self.loaded)
         gradient, figures = unroll_gradient(self.net, unroll, self.value_cost, self.entropy_cost)
         item = {"gradient": gradient[None], "version": unroll["version"][:1].copy()}
         return item | {k: np.array([v], np.float32) for k, v in figures.items()}

@@ -25,8 +25,8 @@ items are), as is one of a version the learner never published (a learner restar
 older checkpoint); each applied gradient's staleness is the `staleness` figure.
 
 Discrete actions take a softmax policy; 1-D Box actions a diagonal Gaussian (gaussian.py), as
-impala's and ppo's. Unlike the other algorithms' actors, an a3c actor runs torch: it takes
-gradients.
+impala's and ppo's, acting as theirs do (in numpy on vector observations: the evaluator needs
+no torch). Unlike the other algorithms' actors, an a3c actor imports torch: it takes gradients.
 """
 
 from dataclasses import dataclass
@@ -166,18 +166,25 @@ class A3CBuilder(OnPolicyBuilder):
 
     def adder(self, num_envs: int, policy: Policy) -> Adder:
         from apexrl.algorithms.a3c.acting import GradientAdder
-
-        s = self.settings
-        return GradientAdder(
-            num_envs, s.unroll_length, self.spec, policy, gamma=self.config.gamma,
-            value_cost=s.value_cost, entropy_cost=s.entropy_cost, **self.action_options(),
-        )  # fmt: skip
-
-    def policy(self):
-        """In torch, vector observations too: the adder takes gradients with its network."""
         from apexrl.algorithms.actor_critic import ActorCriticPolicy
 
-        return ActorCriticPolicy(self.network(), self.action_head())
+        if isinstance(policy, ActorCriticPolicy):  # frames: it acts with a network of its own
+            net, weights = policy.net, None
+        else:  # vector observations: it acts in numpy on the arrays it holds
+            net, weights = self.network(), lambda: policy.arrays
+        s = self.settings
+        return GradientAdder(
+            num_envs,
+            s.unroll_length,
+            self.spec,
+            policy,
+            net,
+            weights=weights,
+            gamma=self.config.gamma,
+            value_cost=s.value_cost,
+            entropy_cost=s.entropy_cost,
+            **self.action_options(),
+        )
 
     def dataset(self):
         from apexrl.algorithms.a3c.learning import FreshGradients
