@@ -60,9 +60,9 @@ def unroll_gradient(
         time_major("actions"),
         time_major("rewards"),
         time_major("discounts"),
-        value_cost,
-        entropy_cost,
-        net.distribution,
+        value_cost=value_cost,
+        entropy_cost=entropy_cost,
+        distribution=net.distribution,
     )
     net.zero_grad(set_to_none=True)
     loss.backward()

@@ -20,16 +20,17 @@ import torch
 from apexrl.algorithms.ppo.losses import Categorical
 
 
-@torch.no_grad()
 def nstep_returns(
     rewards: torch.Tensor, discounts: torch.Tensor, bootstrap: torch.Tensor
 ) -> torch.Tensor:
-    """R [T, B]: R_t = r_t + discount_t * R_{t+1}, from the back, R_T = bootstrap [B]."""
+    """R [T, B]: R_t = r_t + discount_t * R_{t+1}, from the back, R_T = bootstrap [B]; no
+    gradient flows through it."""
     returns = torch.empty_like(rewards)
-    following = bootstrap
-    for t in reversed(range(len(rewards))):
-        following = rewards[t] + discounts[t] * following
-        returns[t] = following
+    with torch.no_grad():
+        following = bootstrap
+        for t in reversed(range(len(rewards))):
+            following = rewards[t] + discounts[t] * following
+            returns[t] = following
     return returns
 
 
@@ -40,8 +41,9 @@ def a3c_loss(
     actions: torch.Tensor,
     rewards: torch.Tensor,
     discounts: torch.Tensor,
-    value_cost: float = 0.5,
-    entropy_cost: float = 0.01,
+    *,
+    value_cost: float,
+    entropy_cost: float,
     distribution=Categorical,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss on one unroll and its figures (detached scalars).
