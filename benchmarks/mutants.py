@@ -53,6 +53,7 @@ GROUPS = {
     "losses_dpg": Group(["algorithms/dpg/losses.py"], ["tests/unit/test_dpg.py"]),
     "losses_r2d2": Group(["algorithms/r2d2/losses.py"], ["tests/unit/test_r2d2.py"]),
     "losses_unreal": Group(["algorithms/unreal/losses.py"], ["tests/unit/test_unreal.py"]),
+    "losses_a3c": Group(["algorithms/a3c/losses.py"], ["tests/unit/test_a3c.py"]),
     "losses_ppo": Group(
         ["algorithms/ppo/losses.py"],
         [

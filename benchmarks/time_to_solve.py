@@ -21,8 +21,9 @@ with as many gradient steps as it had env steps (train_freq (1, "episode"), grad
 the zoo's own TD3 setting before 2024): the same updates per env step, and the evaluation after
 each training round runs once per episode rather than once per step.
 
-On-policy tasks: cartpole-ppo, cartpole-impala, cartpole-unreal, cartpole-reinforce (CartPole-v1,
-475; reinforce has no SB3 peer: run cartpole-ppo beside it, with --only apexrl),
+On-policy tasks: cartpole-ppo, cartpole-impala, cartpole-unreal, cartpole-reinforce, cartpole-a3c
+(CartPole-v1, 475; reinforce and a3c have no SB3 peer: run cartpole-ppo beside them, with --only
+apexrl),
 acrobot-ppo, acrobot-impala (Acrobot-v1, -100) and, with Gaussian policies on continuous actions,
 pendulum-ppo, pendulum-impala (Pendulum-v1, -200): apexrl ppo or impala against SB3 PPO with the
 zoo's hyperparams/ppo.yml (Pendulum: the zoo's gSDE exploration for SB3, a plain Gaussian for
@@ -141,6 +142,7 @@ OPTION_TARGETS = "solved on every seed; time against the dqn task's on the same 
 NEC_TARGETS = "solved on every seed in at most half the env steps of the cartpole task's dqn"
 UNREAL_TARGETS = "solved on every seed within 1.5x the cartpole-impala task's time"
 REINFORCE_TARGETS = "solved on every seed; training time against the cartpole-ppo task's"
+A3C_TARGETS = REINFORCE_TARGETS
 C51 = ["--distributional", "--v-min", "-100", "--v-max", "100"]  # returns up to 500 or -500
 CARTPOLE = dict(env="CartPole-v1", target=475.0, sb3=None, targets=OPTION_TARGETS)
 ACROBOT = dict(env="Acrobot-v1", target=-100.0, sb3=None, targets=OPTION_TARGETS)
@@ -206,6 +208,7 @@ TASKS = {
     "cartpole-unreal": PPO_CARTPOLE | dict(algorithm="unreal", targets=UNREAL_TARGETS),
     "cartpole-reinforce": PPO_CARTPOLE | dict(algorithm="reinforce", sb3=None,
                                               targets=REINFORCE_TARGETS),
+    "cartpole-a3c": PPO_CARTPOLE | dict(algorithm="a3c", sb3=None, targets=A3C_TARGETS),
     "acrobot-ppo": PPO_ACROBOT | dict(algorithm="ppo"),
     "acrobot-impala": PPO_ACROBOT | dict(algorithm="impala"),
     "pendulum-ppo": PPO_PENDULUM | dict(algorithm="ppo"),

@@ -105,7 +105,7 @@ class AgentConfig:
         "off-policy from replay: dqn or rainbow (discrete actions), dpg (continuous), r2d2"
         " (discrete, recurrent sequences), nec (discrete, episodic memory); on-policy unrolls"
         " from a queue table: impala, ppo or unreal (discrete); whole episodes: reinforce"
-        " (discrete); or"
+        " (discrete); gradients from the actors, applied as they come: a3c; or"
         " 'module:Builder', an algorithm defined elsewhere. Its own settings are the config"
         " file's [<algorithm>] table (`--algorithm NAME --help` lists them)",
     )

@@ -32,6 +32,7 @@ ALGORITHMS = {
     "unreal": "apexrl.algorithms.unreal.builder:UNREALBuilder",
     "r2d2": "apexrl.algorithms.r2d2.builder:R2D2Builder",
     "reinforce": "apexrl.algorithms.reinforce.builder:REINFORCEBuilder",
+    "a3c": "apexrl.algorithms.a3c.builder:A3CBuilder",
 }
 
 

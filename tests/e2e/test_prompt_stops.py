@@ -47,7 +47,7 @@ LEARNER_BOUND = 2.0
 # Every registered algorithm (a test below keeps this list whole).
 ENVS = {"dqn": "CartPole-v1", "rainbow": "CartPole-v1", "nec": "CartPole-v1",
         "r2d2": "CartPole-v1", "dpg": "Pendulum-v1", "impala": "CartPole-v1",
-        "ppo": "CartPole-v1", "unreal": "CartPole-v1", "reinforce": "CartPole-v1"}  # fmt: skip
+        "ppo": "CartPole-v1", "unreal": "CartPole-v1", "reinforce": "CartPole-v1", "a3c": "CartPole-v1"}  # fmt: skip
 
 
 def stop_timed(children: list) -> dict[str, tuple[float, int]]:
