@@ -24,15 +24,16 @@ from pathlib import Path
 import numpy as np
 from replay_throughput import server_process
 
-from apexrl import algorithms, local
+from apexrl import algorithms
+from apexrl.local.settings import dump_toml, parse, replay_tables
 from apexrl.replay.client import ReplayClient
 
 INSERT_BATCH = 1000
 
 
 def table_config(env: str, capacity: int) -> tuple[dict, list]:
-    config = local.parse(["--algorithm", "r2d2", "--env", env])
-    (table,) = local.replay_tables(config, shards=1)
+    config = parse(["--algorithm", "r2d2", "--env", env])
+    (table,) = replay_tables(config, shards=1)
     table |= {"capacity": capacity, "min_size_to_sample": 1, "samples_per_insert": 0.0,
               "error_buffer": 0.0}  # fmt: skip
     return table, algorithms.transition_columns(config)
@@ -70,7 +71,7 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="sequence-sampling-") as tmp:
         config = Path(tmp) / "replay.toml"
-        config.write_text(local.dump_toml({"replay": {"tables": [table]}}))
+        config.write_text(dump_toml({"replay": {"tables": [table]}}))
         command = [sys.executable, "-m", "apexrl.cli", "replay", "--config", str(config),
                    "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0",
                    "--max-message-mb", "256", "--log-level", "WARNING"]  # fmt: skip

@@ -220,15 +220,17 @@ def check_apexrl_config(task: dict, config: Path) -> None:
     """Exits naming the setting where local mode would refuse --apexrl-config for the task: a
     setting in another table than its own (n_step in [learner], not [dqn]; the table's sizes in
     [replay], not the algorithm's table), or a key no table has."""
-    from apexrl import algorithms, local
+    from apexrl import algorithms
     from apexrl import config as cfg
+    from apexrl.local.settings import parse
+    from apexrl.local.supervision import Run
 
     argv = ["--config", str(config), "--algorithm", task["algorithm"], "--env", task["env"],
             *task.get("flags", [])]  # fmt: skip
-    settings = local.parse(argv)
+    settings = parse(argv)
     with tempfile.TemporaryDirectory(prefix="apexrl-tts-check-") as folder:
         try:
-            run = local.Run(settings, tomllib.loads(config.read_text()), Path(folder))
+            run = Run(settings, tomllib.loads(config.read_text()), Path(folder))
         except ValueError as err:
             sys.exit(f"--apexrl-config {config}: {err}")
         # The file local mode writes, as each service reads it (argparse exits naming the key).

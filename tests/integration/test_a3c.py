@@ -12,7 +12,7 @@ import numpy as np
 import prometheus_client
 import torch
 
-from apexrl import algorithms, local
+from apexrl import algorithms
 from apexrl.algorithms.a3c.builder import Settings
 from apexrl.algorithms.evaluation import evaluate
 from apexrl.common.learner_client import LearnerClient
@@ -20,6 +20,7 @@ from apexrl.config import AgentConfig, LearnerConfig
 from apexrl.learner.metrics import LearnerMetrics
 from apexrl.learner.parameters import ParameterStore
 from apexrl.learner.training import Learner
+from apexrl.local.settings import dump_toml, replay_tables
 from apexrl.replay.client import ReplayClient
 from tests.conftest import metrics, wait_for
 
@@ -45,7 +46,7 @@ def test_the_learner_applies_fresh_gradients_and_drops_and_counts_stale_ones(rep
     (version 3), the last two, 2 behind, dropped and counted, the parameters untouched by them;
     then one of version 3 applied."""
     config = LearnerConfig(algorithm="a3c", algo=Settings(max_staleness=1))
-    server = replay_factory(tables=local.replay_tables(config, 1))
+    server = replay_factory(tables=replay_tables(config, 1))
     config.replay = server.address
     builder = algorithms.make(config)
     registry = prometheus_client.CollectorRegistry()
@@ -84,9 +85,9 @@ def config_file(tmp_path) -> str:
     data = {
         "algorithm": AGENT.algorithm,
         "env": AGENT.env,
-        "replay": {"tables": local.replay_tables(AGENT, 1)},
+        "replay": {"tables": replay_tables(AGENT, 1)},
     }
-    path.write_text(local.dump_toml(data))
+    path.write_text(dump_toml(data))
     return str(path)
 
 
