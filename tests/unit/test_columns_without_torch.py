@@ -57,7 +57,7 @@ def test_lunar_lander_actions_are_two_float32_inside_their_bounds():
         (
             "a2c",
             "CartPole-v1",
-            r"algorithm: 'a2c', expected one of \['dpg', 'dqn', 'impala', .*'ppo'.*\]",
+            r"algorithm: 'a2c', expected one of \['a3c', 'dpg', 'dqn', 'impala', .*'ppo'.*\]",
         ),
     ],
 )
