@@ -15,12 +15,12 @@ import threading
 import prometheus_client
 
 from apexrl import algorithms
+from apexrl.common.parameters import ParameterStore
 from apexrl.common.serving import Service
 from apexrl.config import LearnerConfig
 from apexrl.learner.best import BestModel
 from apexrl.learner.leases import Leases
 from apexrl.learner.metrics import LearnerMetrics
-from apexrl.learner.parameters import ParameterStore
 from apexrl.learner.servicer import LearnerServicer, add_to_server
 from apexrl.learner.training import Learner
 from apexrl.replay.sharded import connect

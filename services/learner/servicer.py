@@ -14,9 +14,9 @@ import prometheus_client
 
 from apexrl.algorithms.base import Builder
 from apexrl.common.errors import InvalidArgument
+from apexrl.common.parameters import ParameterStore
 from apexrl.learner.best import BestModel
 from apexrl.learner.leases import Leases
-from apexrl.learner.parameters import ParameterStore
 from apexrl.v1 import learner_pb2, learner_pb2_grpc
 
 MAX_WAIT_SECONDS = 60.0  # GetParametersRequest.wait_seconds
@@ -86,6 +86,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
             if self.algorithm.exploration_name == "epsilon":  # the field older actors read
                 response.epsilon = response.exploration
             self.live_actors.set(count)
+        if request.lease_only:
+            return self.store.newest_head(response)
         if wait and not self._stopping:
             await self._wait_for_newer(request.have_version, request.have_lineage, wait, context)
         held = (request.have_version, request.have_lineage)

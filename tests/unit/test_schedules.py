@@ -11,8 +11,8 @@ import torch
 
 from apexrl import algorithms, local
 from apexrl import config as cfg
+from apexrl.common.parameters import ParameterStore
 from apexrl.learner.metrics import LearnerMetrics
-from apexrl.learner.parameters import ParameterStore
 from apexrl.learner.scheduled import ScheduledSettings
 from apexrl.learner.training import Learner
 from apexrl.replay.server import make_table
