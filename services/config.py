@@ -306,6 +306,20 @@ class LearnerConfig(AgentConfig, ClientTLSConfig, ServeConfig):
 
 
 @dataclass
+class RelayConfig(ClientTLSConfig, ServeConfig):
+    """apexrl relay: pulls each parameter version from the learner once and serves it to the
+    actors near it over the learner's own GetParameters (docs/scaling.md#parameter-relay)."""
+
+    port: int = option(50053, "gRPC port (0 picks a free one; see --ready-file)")
+    metrics_port: int = option(9104, "Prometheus /metrics HTTP port (0 picks a free one)")
+    learner: str = option(
+        "127.0.0.1:50052",
+        "where the relay pulls from: the learner's address, or another relay's nearer to it"
+        " (a tree of relays; a relay that reaches itself stops at start-up, naming this setting)",
+    )
+
+
+@dataclass
 class ActorConfig(AgentConfig, ClientTLSConfig, ProcessConfig):
     """apexrl actor: acts in envs with the algorithm's behaviour policy on its copy of the
     parameters; the algorithm's items (n-step transitions, unrolls) to replay."""
@@ -316,7 +330,17 @@ class ActorConfig(AgentConfig, ClientTLSConfig, ProcessConfig):
         "replay address: host:port (one replay), h0:p,h1:p,... (shards 0, 1, ... in order) or "
         "dns:///name:port (every address the name resolves to is a shard)",
     )
-    learner: str = option("127.0.0.1:50052", "learner server address")
+    learner: str = option(
+        "127.0.0.1:50052",
+        "learner server address: leases (the exploration ladder) always, and parameters unless"
+        " `parameters` names relays (or while none of them answers)",
+    )
+    parameters: str = option(
+        "",
+        "parameter relays (apexrl relay) to pull parameters from, host:port,... tried in order,"
+        " the learner when none answers (empty: pull from the learner;"
+        " docs/scaling.md#parameter-relay)",
+    )
     num_envs: int = option(8, "environments stepped together (batched inference)")
     pull_interval: int = option(400, "env steps between parameter pulls (Ape-X: 400)")
     insert_batch: int = option(
