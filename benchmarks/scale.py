@@ -28,7 +28,10 @@ One JSON line per N on stdout (the last is the last N's); progress on stderr.
   acknowledged in the window; inserts_lost: what the shards counted minus what the clients
   saw acknowledged, over the whole run (0: nothing lost, nothing doubled);
 - pulls_per_s, parameter_bytes_per_s, pull_p50_s / pull_p99_s: GetParameters answers in the
-  window, their bytes, the whole client call (decode and change sets applied included);
+  window, their bytes, the whole client call (decode and change sets applied included; with
+  relays, the lease renewal at the learner too); learner_parameter_bytes_sent_per_s: what the
+  learner sent in GetParameters answers (with relays: the versions they pulled and the
+  actors' lease renewals);
 - learner_updates_per_s and learner_updates_ratio (over the baseline); learner_cpu_per_update_s
   and learner_updates_ratio_per_cpu (the baseline's CPU per update over the fleet's): the
   ratio the learner would see on a core of its own, when other work shares its core;
@@ -283,6 +286,9 @@ def run_fleet(s: Settings, n: int, seconds: float, services: dict, batches: list
         ),
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "versions_per_s": round((b.version - a.version) / (b.t - a.t), 2),
+        # What the learner sent in GetParameters answers: to the actors, or to the relays and
+        # the actors' lease renewals.
+        "learner_parameter_bytes_sent_per_s": round((b.bytes_sent - a.bytes_sent) / (b.t - a.t)),
         "learner_prefetch_wait_fraction": round(b.prefetch_wait, 3),
         "rss_per_connection_bytes": round((b.learner_rss - before.learner_rss) / n),
         "replay_rss_per_connection_bytes": round((b.replay_rss - before.replay_rss) / n),

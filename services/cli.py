@@ -105,8 +105,11 @@ def relay(argv: list[str]) -> None:
     from apexrl.relay import server
 
     config, registry = _setup(cfg.RelayConfig, argv, "relay")
-    service, relay = server.build(config, registry)
-    asyncio.run(serve(config, service, registry, relay.stop))
+    try:
+        service, relay = server.build(config, registry)
+        asyncio.run(serve(config, service, registry, relay.stop))
+    except ValueError as err:  # a setting that can never work (TLS files): say which, exit 2
+        _refuse("relay", err)
     if relay.error is not None:  # a loop of relays: it can never serve
         _refuse("relay", relay.error)
 

@@ -25,7 +25,7 @@ import numpy as np
 import prometheus_client
 
 from apexrl import algorithms
-from apexrl.actor.parameters import ParameterPuller, short_error
+from apexrl.actor.parameters import ParameterPuller
 from apexrl.algorithms.base import Step
 from apexrl.algorithms.columns import pack
 from apexrl.algorithms.envs import (
@@ -36,6 +36,7 @@ from apexrl.algorithms.envs import (
 )
 from apexrl.common import codec
 from apexrl.common.backoff import Backoff
+from apexrl.common.client import short_error
 from apexrl.common.codec import Packed
 from apexrl.common.learner_client import LearnerClient, Parameters
 from apexrl.common.memory import off_heap, release_free_memory

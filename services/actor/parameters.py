@@ -17,7 +17,10 @@ import logging
 import threading
 import time
 
+import grpc
+
 from apexrl.common.backoff import Backoff
+from apexrl.common.client import short_error
 from apexrl.common.learner_client import LearnerClient, Parameters
 
 log = logging.getLogger(__name__)
@@ -28,11 +31,6 @@ LINEAGE_GRACE_SECONDS = 10.0  # a relay may serve another lineage than the learn
 
 class SettingError(ValueError):
     """A setting that cannot work, found by a pull: the actor stops with it (exit 2)."""
-
-
-def short_error(err: Exception) -> str:
-    details = getattr(err, "details", None)
-    return details() if callable(details) else str(err)
 
 
 class ParameterPuller:
@@ -103,6 +101,9 @@ class ParameterPuller:
     def _pull(self, wait_seconds: float) -> Parameters:
         """From the first relay that answers (its lineage the learner's), else the learner."""
         if self.relays and time.monotonic() >= self._relays_back_at:
+            # Renewed first, as a pull from the learner renews it as the call arrives: a long
+            # poll at the relay keeps the lease.
+            lease = self._lease()
             for relay in self.relays:
                 try:
                     params = relay.get_parameters(
@@ -113,7 +114,6 @@ class ParameterPuller:
                         raise
                     log.warning("parameter relay %s: %s", relay.address, short_error(err))
                     continue
-                lease = self.learner.renew_lease(self.actor_id)
                 if self._agrees(relay, params, lease):
                     return dataclasses.replace(
                         params,
@@ -134,11 +134,26 @@ class ParameterPuller:
             self.version, self.actor_id, self.lineage, wait_seconds
         )
         if not params.lease_seconds:
-            raise SettingError(
-                f"learner: {self.learner.address} grants no lease (a parameter relay?): set"
-                " `learner` to the learner's address and the relay's as `parameters`"
-            )
+            raise self._no_lease()
         return params
+
+    def _lease(self) -> Parameters:
+        """The actor's lease renewed at the learner (lease_only)."""
+        try:
+            lease = self.learner.renew_lease(self.actor_id)
+        except grpc.RpcError as err:  # a relay refuses lease_only: FAILED_PRECONDITION
+            if err.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                raise self._no_lease() from err
+            raise
+        if not lease.lease_seconds:
+            raise self._no_lease()
+        return lease
+
+    def _no_lease(self) -> SettingError:
+        return SettingError(
+            f"learner: {self.learner.address} grants no lease (a parameter relay?): set"
+            " `learner` to the learner's address and the relay's as `parameters`"
+        )
 
     def _agrees(self, relay: LearnerClient, params: Parameters, lease: Parameters) -> bool:
         """Whether the relay serves the learner's lineage; SettingError once it has not for

@@ -40,7 +40,9 @@ def build(
     leases = Leases(config.lease_seconds)
     learner = Learner(config, algorithm, metrics, store)
     best = BestModel(config, learner.learning.parameters())
-    servicer = LearnerServicer(store, leases, metrics.live_actors, best, algorithm)
+    servicer = LearnerServicer(
+        store, leases, metrics.live_actors, best, algorithm, metrics.parameter_bytes_sent
+    )
     replay = connect(config.replay, table=learner.dataset.table, timeout=30.0,
                      retry_seconds=None, tls=config, stop=learner.stop)  # fmt: skip
 

@@ -30,9 +30,10 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         live_actors: prometheus_client.Gauge,
         best: BestModel,
         algorithm: Builder,
+        bytes_sent: prometheus_client.Counter | None = None,
     ):
         self.store, self.leases, self.live_actors, self.best = store, leases, live_actors, best
-        self.algorithm = algorithm
+        self.algorithm, self.bytes_sent = algorithm, bytes_sent
         # Long polls wait on this event; each publish sets it and puts a fresh one in place.
         self._published: asyncio.Event | None = None
         self._stopping = False
@@ -87,11 +88,17 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
                 response.epsilon = response.exploration
             self.live_actors.set(count)
         if request.lease_only:
-            return self.store.newest_head(response)
-        if wait and not self._stopping:
-            await self._wait_for_newer(request.have_version, request.have_lineage, wait, context)
-        held = (request.have_version, request.have_lineage)
-        return self.store.serialize(response, *held, request.in_order, request.accept_changes)
+            answer = self.store.newest_head(response)
+        else:
+            if wait and not self._stopping:
+                await self._wait_for_newer(
+                    request.have_version, request.have_lineage, wait, context
+                )
+            held = (request.have_version, request.have_lineage)
+            answer = self.store.serialize(response, *held, request.in_order, request.accept_changes)
+        if self.bytes_sent is not None:
+            self.bytes_sent.inc(len(answer))
+        return answer
 
     async def _wait_for_newer(self, version: int, lineage: int, wait: float, context) -> None:
         """Returns when a version newer than the one held is published (at once if it is not

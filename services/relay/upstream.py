@@ -14,6 +14,7 @@ import time
 import grpc
 
 from apexrl.common.backoff import Backoff
+from apexrl.common.client import short_error
 from apexrl.common.learner_client import LearnerClient, Parameters
 from apexrl.common.parameters import ParameterStore
 from apexrl.config import RelayConfig
@@ -44,11 +45,6 @@ def looped(err: Exception) -> bool:
     )
 
 
-def short_error(err: Exception) -> str:
-    details = getattr(err, "details", None)
-    return details() if callable(details) else str(err)
-
-
 class Upstream:
     """Pulls every version from `config.learner` into `store` until stop() (or a loop)."""
 
@@ -67,7 +63,12 @@ class Upstream:
         self._stop = threading.Event()
         # Retries of its own (run), so that each try sends the relay's path as it is now.
         self.client = LearnerClient(
-            config.learner, timeout=30.0, retry_seconds=0.0, tls=config, stop=self._stop
+            config.learner,
+            timeout=30.0,
+            retry_seconds=0.0,
+            max_message_mb=config.max_message_mb,
+            tls=config,
+            stop=self._stop,
         )
         self._thread = threading.Thread(target=self._run, name="upstream", daemon=True)
 

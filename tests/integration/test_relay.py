@@ -252,13 +252,14 @@ def test_an_actor_whose_relay_follows_another_learner_stops_naming_both(tmp_path
     assert ours_address in message and "`learner`" in message and "lineage" in message
 
 
-def test_an_actor_whose_learner_setting_is_a_relay_stops_naming_it(tmp_path):
+@pytest.mark.parametrize("with_relays", [False, True], ids=["alone", "beside-relays"])
+def test_an_actor_whose_learner_setting_is_a_relay_stops_naming_it(tmp_path, with_relays):
     store = ParameterStore()
     store.publish(network(1), update_step=1)
     with learner(tmp_path, store) as upstream:
         with relay_in_thread(tmp_path, upstream) as (relay_address, relay, _):
             wait_for(lambda: relay.store.version == 1, 10, "the relay's first pull")
-            puller = puller_with(relay_address, [])
+            puller = puller_with(relay_address, [relay_address] if with_relays else [])
             try:
                 error = pulled(puller)
             finally:

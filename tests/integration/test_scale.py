@@ -45,6 +45,7 @@ def test_sixty_four_actors_lose_no_insert_and_hold_exact_places(monkeypatch, tmp
     # Through a relay, every pull's parameters came from it (and none without).
     pulls = report["pulls_per_s"] * report["seconds"]
     assert (report["relay_answers"] >= pulls) if relays else report["relay_answers"] == 0
+    assert report["learner_parameter_bytes_sent_per_s"] > 0
     ladder = report["ladder"]
     assert ladder["formula"], "an exploration value differs from epsilon_ladder(index, count)"
     assert ladder["counts_in_window"] == [64]
