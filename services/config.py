@@ -317,6 +317,17 @@ class RelayConfig(ClientTLSConfig, ServeConfig):
         "where the relay pulls from: the learner's address, or another relay's nearer to it"
         " (a tree of relays; a relay that reaches itself stops at start-up, naming this setting)",
     )
+    min_pull_seconds: float = option(
+        0.0,
+        "least seconds between two versions pulled (0: each as the learner publishes it, for"
+        " actors that long-poll every version); a learner that publishes faster than its"
+        " actors pull costs a relay less with it set (docs/scaling.md#parameter-relay)",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.min_pull_seconds <= 3600 or math.isnan(self.min_pull_seconds):
+            raise ValueError(f"min_pull_seconds: must be 0 to 3600, got {self.min_pull_seconds}")
 
 
 @dataclass

@@ -57,6 +57,7 @@ class Upstream:
         on_loop,
     ):
         self.address, self.store, self.metrics, self.path = config.learner, store, metrics, path
+        self.min_pull_seconds = config.min_pull_seconds
         self.on_loop = on_loop  # called (from this thread) once a loop is found
         self.algorithm = ""  # the learner's, from its answers
         self.version, self.lineage = 0, 0
@@ -104,6 +105,8 @@ class Upstream:
             backoff.reset()
             if params.arrays:
                 self.take(params, time.perf_counter() - started)
+                # At most one version per min_pull_seconds: the next pull then finds the newest.
+                self._stop.wait(max(0.0, self.min_pull_seconds - (time.perf_counter() - started)))
 
     def take(self, params: Parameters, seconds: float) -> None:
         """Publishes a version pulled; never one older than held within its lineage."""

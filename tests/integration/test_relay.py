@@ -55,7 +55,7 @@ def learner(tmp_path, store: ParameterStore):
 
 
 @contextmanager
-def relay_in_thread(tmp_path, upstream: str):
+def relay_in_thread(tmp_path, upstream: str, **settings):
     """`apexrl relay`'s service in a thread of the test; yields (address, relay, metrics port)."""
     ready = tmp_path / f"relay-{time.monotonic_ns()}.json"
     config = RelayConfig(
@@ -65,6 +65,7 @@ def relay_in_thread(tmp_path, upstream: str):
         grace_seconds=1.0,
         ready_file=str(ready),
         learner=upstream,
+        **settings,
     )
     registry = prometheus_client.CollectorRegistry()
     service, relay = relay_server.build(config, registry)
@@ -183,6 +184,36 @@ def test_versions_never_go_back_and_a_lineage_change_passes_through(tmp_path):
     assert seen[-1][0] == 13
 
 
+@pytest.mark.parametrize("min_pull_seconds", [0.0, 0.3])
+def test_min_pull_seconds_bounds_what_a_fast_learner_costs_a_relay(tmp_path, min_pull_seconds):
+    """A learner publishing 40 versions over ~1.2 s: the relay takes each as it comes, or at
+    most one per min_pull_seconds, and ends on the newest either way."""
+    store = ParameterStore()
+    arrays = network(1)
+    store.publish(arrays, update_step=0)
+    with (
+        learner(tmp_path, store) as upstream,
+        relay_in_thread(tmp_path, upstream, min_pull_seconds=min_pull_seconds) as (
+            _,
+            relay,
+            metrics_port,
+        ),
+    ):
+        wait_for(lambda: relay.store.version == 1, 10, "the relay's first pull")
+        started = time.monotonic()
+        for k in range(40):
+            arrays = moved(arrays, k)
+            store.publish(arrays, update_step=k)
+            time.sleep(0.03)  # the learner's pace: a version every 30 ms
+        wait_for(lambda: relay.store.version == 41, 10, "the newest version at the relay")
+        pulled = metric(metrics_port, "apexrl_relay_versions_pulled_total") - 1
+        elapsed = time.monotonic() - started
+    if min_pull_seconds:
+        assert pulled <= elapsed / min_pull_seconds + 1, (pulled, elapsed)
+    else:
+        assert pulled > elapsed / 0.3 + 1, (pulled, elapsed)  # the bound above would fail
+
+
 def puller_with(learner_address: str, relays: list[str]) -> ParameterPuller:
     metrics = ActorMetrics(prometheus_client.CollectorRegistry(), "epsilon", "Epsilon.")
     return ParameterPuller(
@@ -207,6 +238,11 @@ def test_actors_fall_back_to_the_learner_when_their_relay_is_killed(tmp_path):
     store.publish(arrays, update_step=1)
     with learner(tmp_path, store) as upstream:
         relay = start_service(tmp_path, "relay", "--learner", upstream)
+        wait_for(
+            lambda: metric(relay.metrics_port, "apexrl_relay_versions_pulled_total") == 1,
+            10,
+            "the relay's first pull",
+        )
         puller = puller_with(upstream, [relay.address])
         try:
             params = pulled(puller)
