@@ -114,6 +114,9 @@ def test_the_relay_serves_the_learners_bytes_lineage_and_change_sets(tmp_path):
             wait_for(lambda: relay.store.version == 3, 10, "version 3 at the relay")
             newer = client.get_parameters(held.version, "a", held.lineage)
             assert newer.version == 3 and same(newer.arrays, moved(second, 3))
+        lease = raw(upstream, actor_id="a", lease_only=True)  # the learner: a lease, no payload
+        assert (lease.version, lease.lineage, lease.num_actors) == (3, store.lineage, 1)
+        assert lease.lease_seconds == 30 and not lease.parameters and not lease.rows
         with pytest.raises(grpc.RpcError) as refused:
             raw(address, actor_id="a", lease_only=True)
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
