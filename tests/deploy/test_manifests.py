@@ -855,6 +855,7 @@ def test_alerts_watch_the_documented_metrics():
         "ApexrlReplayNotSampling": "apexrl_replay_samples_total",
         "ApexrlReplayNearMemoryLimit": "process_resident_memory_bytes",
         "ApexrlParameterLagHigh": "apexrl_actor_parameter_lag",
+        "ApexrlRelayNotPulling": "apexrl_relay_pull_failures_total",
         "ApexrlCheckpointFailing": "apexrl_learner_checkpoint_failures_total",
     }
     assert set(alerts) == set(watched)
