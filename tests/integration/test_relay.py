@@ -20,6 +20,7 @@ import pytest
 from apexrl.actor import parameters as actor_parameters
 from apexrl.actor.loop import ActorMetrics
 from apexrl.actor.parameters import ParameterPuller
+from apexrl.common import tensors
 from apexrl.common.learner_client import LearnerClient
 from apexrl.common.parameters import ParameterStore
 from apexrl.common.ports import free_port
@@ -83,7 +84,7 @@ def same(arrays: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> bool:
     return set(arrays) == set(want) and all(arrays[n].tobytes() == want[n].tobytes() for n in want)
 
 
-def test_the_relay_serves_the_learners_bytes_lineage_and_change_sets(tmp_path):
+def test_the_relay_serves_the_learners_bytes_lineage_and_change_sets(tmp_path, monkeypatch):
     store = ParameterStore()
     first = network(1)
     store.publish(first, update_step=10)
@@ -114,6 +115,12 @@ def test_the_relay_serves_the_learners_bytes_lineage_and_change_sets(tmp_path):
             wait_for(lambda: relay.store.version == 3, 10, "version 3 at the relay")
             newer = client.get_parameters(held.version, "a", held.lineage)
             assert newer.version == 3 and same(newer.arrays, moved(second, 3))
+        with monkeypatch.context() as patch:  # encoded once, at arrival: never per caller
+            patch.setattr(tensors, "to_proto", lambda *_: pytest.fail("a tensor encoded again"))
+            for caller in ("b", "c"):
+                assert raw(address, actor_id=caller).parameters == raw(upstream).parameters
+                assert raw(address, have_version=2, have_lineage=store.lineage,
+                           accept_changes=True).changes_from == 2  # fmt: skip
         lease = raw(upstream, actor_id="a", lease_only=True)  # the learner: a lease, no payload
         assert (lease.version, lease.lineage, lease.num_actors) == (3, store.lineage, 1)
         assert lease.lease_seconds == 30 and not lease.parameters and not lease.rows
