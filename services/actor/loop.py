@@ -290,7 +290,8 @@ class Actor:
         self.puller = ParameterPuller(learner, actor_id, metrics, relays)
         log.info(
             "actor %s: %s x%d, waiting for parameters from %s",
-            actor_id[:8], config.env, config.num_envs, config.learner,
+            actor_id[:8], config.env, config.num_envs,
+            ", ".join([*(r.address for r in relays), config.learner]),
         )  # fmt: skip
         self.exploration, self.version, self.have_weights = 0.0, 0, False
         self.acted, self.waiting = 0, 0.0  # the version of the last item; since when it waits
