@@ -134,7 +134,7 @@ def test_the_relay_serves_the_learners_bytes_lineage_and_change_sets(tmp_path, m
         assert metric(metrics_port, "apexrl_relay_clients") >= 1
 
 
-def test_versions_never_go_back_and_a_lineage_change_passes_through(tmp_path):
+def test_only_published_versions_never_older_after_newer_lineage_changes_pass(tmp_path):
     """A caller polling the relay while the learner publishes 30 versions, then restarts from
     another checkpoint (a new lineage that reissues lower version numbers): everything served
     was published, with those very arrays, and within a lineage versions only go up."""
