@@ -370,3 +370,44 @@ def test_a_relay_stops_on_sigterm_answering_its_long_polls(tmp_path):
             poll.join(10)
             assert answer and answer[0].version == 1 and not answer[0].arrays
             assert time.monotonic() - started < 5
+
+
+def test_a_real_actor_carries_on_when_its_relay_is_killed(service_process):
+    """Every service a real process: an actor pulling through a relay, its lease at the
+    learner; the relay is killed and the actor goes on, its versions from the learner."""
+    replay = service_process("replay", "--min-size-to-sample", "64")
+    learner = service_process("learner", "--replay", replay.address, "--batch-size", "32",
+                              "--publish-interval", "5")  # fmt: skip
+    relay = service_process("relay", "--learner", learner.address)
+    actor = service_process("actor", "--replay", replay.address, "--learner", learner.address,
+                            "--parameters", relay.address, "--num-envs", "2",
+                            "--insert-batch", "16", "--pull-interval", "50")  # fmt: skip
+
+    def actor_metric(name: str) -> float:
+        return metric(actor.metrics_port, f"apexrl_actor_{name}")
+
+    wait_for(
+        lambda: (
+            actor_metric("parameter_version") > 1
+            and metric(relay.metrics_port, "apexrl_relay_answers_total") >= 2
+        ),
+        60,
+        "the actor on trained versions, through the relay",
+    )
+    assert metric(learner.metrics_port, "apexrl_learner_live_actors") == 1  # its lease
+    assert actor_metric("epsilon") == pytest.approx(0.4)
+    relay.kill()  # SIGKILL: no goodbye
+    version, steps = actor_metric("parameter_version"), actor_metric("env_steps_total")
+    wait_for(
+        lambda: (
+            actor_metric("parameter_relay_fallbacks_total") == 1
+            and actor_metric("parameter_version") > version
+            and actor_metric("env_steps_total") > steps
+        ),
+        60,
+        "the actor acting on newer versions from the learner",
+    )
+    assert actor_metric("parameter_pull_failures_total") == 0
+    assert metric(learner.metrics_port, "apexrl_learner_live_actors") == 1
+    for proc in (actor, learner, replay):
+        proc.stop()
