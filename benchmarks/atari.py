@@ -168,9 +168,9 @@ def _decoder(precision: str = "float32"):
     import prometheus_client
 
     from apexrl import algorithms
+    from apexrl.common.parameters import ParameterStore
     from apexrl.config import LearnerConfig
     from apexrl.learner.metrics import LearnerMetrics
-    from apexrl.learner.parameters import ParameterStore
     from apexrl.learner.training import Learner
 
     config = LearnerConfig(env="ALE/Pong-v5", device="cpu", batch_size=512, precision=precision)

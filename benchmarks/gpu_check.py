@@ -27,9 +27,9 @@ import torch
 from apexrl import algorithms
 from apexrl.algorithms.columns import pack
 from apexrl.algorithms.networks import load_numpy_state, state_to_numpy
+from apexrl.common.parameters import ParameterStore
 from apexrl.config import LearnerConfig
 from apexrl.learner.metrics import LearnerMetrics
-from apexrl.learner.parameters import ParameterStore
 from apexrl.learner.training import Learner, native_bfloat16, pick_device
 from apexrl.replay.client import SampledBatch
 

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/scale.py --actors 64 --seconds 60
     .venv/bin/python benchmarks/scale.py --actors 16 64 256 512 --seconds 60   # a sweep
+    .venv/bin/python benchmarks/scale.py --actors 64 --seconds 60 --relays 1   # via a relay
 
 A real `apexrl learner` trains the dqn Atari network (its presets for the game: batch 32,
 precision auto) on the CPU from 1-4 real `apexrl replay` shards (the builder's table, the
@@ -10,7 +11,9 @@ are simulated (benchmarks/scale_actors.py: many per process, no env, no torch) a
 services through the shipping clients: their own channel each, a lease, parameter pulls every
 pull_interval agent steps, and inserts of recorded transitions (played by random actors and
 packed as the actor packs them: one zstd frame per transition) at steps_per_s agent steps a
-second each. The default 34.7 is Ape-X's: 12.5K transitions/s from 360 actors.
+second each. The default 34.7 is Ape-X's: 12.5K transitions/s from 360 actors. With
+`relays` R, R real `apexrl relay` processes pull from the learner and the actors pull their
+parameters from them (actor i from relay i mod R), renewing their leases at the learner.
 
 The learner is pinned to one core and everything else (replay, simulated actors, this
 process) to the other: what serving the fleet costs the learner shows in its own updates/s,
@@ -25,7 +28,10 @@ One JSON line per N on stdout (the last is the last N's); progress on stderr.
   acknowledged in the window; inserts_lost: what the shards counted minus what the clients
   saw acknowledged, over the whole run (0: nothing lost, nothing doubled);
 - pulls_per_s, parameter_bytes_per_s, pull_p50_s / pull_p99_s: GetParameters answers in the
-  window, their bytes, the whole client call (decode and change sets applied included);
+  window, their bytes, the whole client call (decode and change sets applied included; with
+  relays, the lease renewal at the learner too); learner_parameter_bytes_sent_per_s: what the
+  learner sent in GetParameters answers (with relays: the versions they pulled and the
+  actors' lease renewals);
 - learner_updates_per_s and learner_updates_ratio (over the baseline); learner_cpu_per_update_s
   and learner_updates_ratio_per_cpu (the baseline's CPU per update over the fleet's): the
   ratio the learner would see on a core of its own, when other work shares its core;
@@ -35,6 +41,8 @@ One JSON line per N on stdout (the last is the last N's); progress on stderr.
 - ladder_exact: every answer's exploration equals epsilon_ladder(index, count), every answer
   in the window counts N live actors, and the actors' places are 0 .. N-1 (with `paused`,
   see `ladder`);
+- relay_answers, relay_bytes_served: the relays' GetParameters answers and their bytes, over
+  the whole run (0 without relays);
 - errors: failed calls; cpu: each role's CPU seconds per second and each core's busy share.
 """
 
@@ -57,6 +65,7 @@ from scale_services import (
     Probe,
     prefill,
     replay_inserts,
+    scrape,
     service,
     usage,
     wait_for_updates,
@@ -83,6 +92,7 @@ class Settings:
     capacity: int = 200_000  # over all shards
     paused: int = 0  # actors that fall silent past their lease mid-window, then come back
     pin: bool = True  # learner on core 0, the rest on core 1
+    relays: int = 0  # parameter relays between the learner and the actors (0: none)
 
     @property
     def pull_period(self) -> float:
@@ -220,7 +230,7 @@ def fleet_report(
 
 def run_fleet(s: Settings, n: int, seconds: float, services: dict, batches: list[dict]) -> dict:
     """n simulated actors for a warm-up and `seconds`; their figures and the learner's."""
-    learner, replays = services["learner"], services["replays"]
+    learner, replays, relays = services["learner"], services["replays"], services["relays"]
     replay_address = ",".join(r.address for r in replays)
     paused = s.paused if n > s.paused else 0
     warmup = s.pull_period + 1.0
@@ -234,6 +244,7 @@ def run_fleet(s: Settings, n: int, seconds: float, services: dict, batches: list
         n,
         paused,
         pause,
+        relays=tuple(r.address for r in services["relays"]),
     )
     ctx = mp.get_context("spawn")
     ready, start, stop, results = ctx.Semaphore(0), ctx.Value("d", 0.0), ctx.Event(), ctx.Queue()
@@ -275,9 +286,20 @@ def run_fleet(s: Settings, n: int, seconds: float, services: dict, batches: list
         ),
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "versions_per_s": round((b.version - a.version) / (b.t - a.t), 2),
+        # What the learner sent in GetParameters answers: to the actors, or to the relays and
+        # the actors' lease renewals.
+        "learner_parameter_bytes_sent_per_s": round((b.bytes_sent - a.bytes_sent) / (b.t - a.t)),
         "learner_prefetch_wait_fraction": round(b.prefetch_wait, 3),
         "rss_per_connection_bytes": round((b.learner_rss - before.learner_rss) / n),
         "replay_rss_per_connection_bytes": round((b.replay_rss - before.replay_rss) / n),
+        # Over the whole run: what the relays answered and the bytes they sent.
+        "relay_answers": sum(
+            scrape(r.metrics_port).get("apexrl_relay_answers_total", 0) for r in relays
+        ),
+        "relay_bytes_served": sum(
+            scrape(r.metrics_port).get("apexrl_relay_parameter_bytes_served_total", 0)
+            for r in relays
+        ),
         **usage(a, b),
     }
     return report
@@ -287,6 +309,7 @@ def roles(services: dict, procs: list) -> dict[str, list[int]]:
     return {
         "learner": [services["learner"].process.pid],
         "replay": [r.process.pid for r in services["replays"]],
+        "relays": [r.process.pid for r in services["relays"]],
         "actors": [p.pid for p in procs if p.pid is not None],
         "this_process": [os.getpid()],
     }
@@ -360,7 +383,13 @@ def services_for(s: Settings, folder: Path, batches: list[dict]) -> Iterator[dic
         learner = stack.enter_context(service("learner", command, folder, learner_core))
         log("waiting for the learner's first updates")
         wait_for_updates(learner, 20)
-        yield {"learner": learner, "replays": replays, "fleets": 0}
+        relays = [
+            stack.enter_context(
+                service(f"relay-{k}", ["relay", "--learner", learner.address], folder, None)
+            )
+            for k in range(s.relays)
+        ]
+        yield {"learner": learner, "replays": replays, "relays": relays, "fleets": 0}
 
 
 def run(s: Settings, folder: Path) -> list[dict]:

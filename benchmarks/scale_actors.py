@@ -7,7 +7,8 @@ setting), driven by a clock instead of envs. Two threads per actor, as the real 
 
 - pulls: the first at the actor's start, then one every pull_interval / steps_per_s seconds
   (the actor's ParameterPuller, asked every pull_interval env steps), each sending back the
-  version and lineage held;
+  version and lineage held; with relays, from its relay (actor i: relay i mod R) with its
+  lease renewed at the learner (a lease_only call), as an actor whose `parameters` names one;
 - inserts: once it holds parameters, a batch of insert_batch recorded transitions (packed as
   the actor packs them) every insert_batch / steps_per_s seconds, each call waiting for the
   last (the actor's InsertBuffer under backpressure). A late actor catches up: what the
@@ -47,6 +48,7 @@ class Fleet:
     paused: int = 0  # actors 0 .. paused - 1 fall silent over `pause` (their leases expire)
     pause: tuple[float, float] = (0.0, 0.0)  # from, until: seconds after `start`
     start: float = 0.0  # monotonic time the first actor starts (one clock for all processes)
+    relays: tuple[str, ...] = ()  # parameter relays' addresses; empty: pull from the learner
 
     @property
     def pull_period(self) -> float:
@@ -92,6 +94,12 @@ class SimulatedActor:
         self.learner = counting(
             LearnerClient(fleet.learner, retry_seconds=1.0, retry_cap=0.1, channel_options=OWN)
         )
+        self.relay = None
+        if fleet.relays:
+            address = fleet.relays[index % len(fleet.relays)]
+            self.relay = counting(
+                LearnerClient(address, retry_seconds=1.0, retry_cap=0.1, channel_options=OWN)
+            )
         self.replay = connect(fleet.replay, timeout=30.0, retry_seconds=1.0, channel_options=OWN)
         self.held = threading.Event()  # set once it holds parameters: it may act
         self.offset = fleet.pull_period * index / fleet.actors  # its start, after fleet.start
@@ -109,6 +117,8 @@ class SimulatedActor:
         for thread in self.threads:
             thread.join(60)
         self.learner.close()
+        if self.relay is not None:
+            self.relay.close()
         self.replay.close()
 
     def _next(self, due: float) -> float:
@@ -124,8 +134,13 @@ class SimulatedActor:
         version, lineage, due = 0, 0, self.fleet.start + self.offset
         while self._wait_until(due := self._next(due)):
             started = time.monotonic()
+            source = self.relay or self.learner
             try:
-                params = self.learner.get_parameters(version, self.actor_id, lineage)
+                params = source.get_parameters(version, self.actor_id, lineage)
+                if self.relay is not None:  # the place in the ladder comes from the learner
+                    lease = self.learner.renew_lease(self.actor_id)
+                    params.actor_index, params.num_actors = lease.actor_index, lease.num_actors
+                    params.exploration = lease.exploration
             except Exception as err:  # counted: the run reports every failed call
                 self._failed("pull", started, err)
             else:
@@ -136,7 +151,7 @@ class SimulatedActor:
                     (
                         started,
                         time.monotonic() - started,
-                        self.learner.last_bytes,
+                        source.last_bytes,
                         True,
                         params.actor_index,
                         params.num_actors,

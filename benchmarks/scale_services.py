@@ -113,6 +113,7 @@ class Probe:
         self.version = metrics.get("apexrl_learner_parameter_version", 0.0)
         self.prefetch_wait = metrics.get("apexrl_learner_prefetch_wait_fraction", math.nan)
         self.parameter_bytes = metrics.get("apexrl_learner_parameter_bytes", 0.0)
+        self.bytes_sent = metrics.get("apexrl_learner_parameter_bytes_sent_total", 0.0)
 
 
 def usage(a: Probe, b: Probe) -> dict:

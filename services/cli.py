@@ -98,6 +98,22 @@ def learner(argv: list[str]) -> None:
             scalars.close()
 
 
+def relay(argv: list[str]) -> None:
+    import asyncio
+
+    from apexrl.common.serving import serve
+    from apexrl.relay import server
+
+    config, registry = _setup(cfg.RelayConfig, argv, "relay")
+    try:
+        service, relay = server.build(config, registry)
+        asyncio.run(serve(config, service, registry, relay.stop))
+    except ValueError as err:  # a setting that can never work (TLS files): say which, exit 2
+        _refuse("relay", err)
+    if relay.error is not None:  # a loop of relays: it can never serve
+        _refuse("relay", relay.error)
+
+
 def actor(argv: list[str]) -> None:
     from apexrl.actor import loop
 
@@ -158,6 +174,7 @@ COMMANDS = {
     "local": (local, "run replay, learner, actors and evaluator as processes on loopback"),
     "replay": (replay, "prioritized experience replay server"),
     "learner": (learner, "trains the algorithm from replay, serves parameters to actors"),
+    "relay": (relay, "pulls each parameter version from the learner once, serves it to actors"),
     "actor": (actor, "acts in gymnasium envs, inserts the algorithm's items into replay"),
     "evaluator": (evaluator, "plays the newest parameters greedily, reports returns"),
     "eval": (evaluate, "plays a learner checkpoint greedily and prints the returns"),
@@ -181,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
         _exit_now()
 
 
-SERVICES = ("replay", "learner", "actor", "evaluator")
+SERVICES = ("replay", "learner", "relay", "actor", "evaluator")
 
 
 def _exit_now() -> None:

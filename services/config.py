@@ -306,6 +306,31 @@ class LearnerConfig(AgentConfig, ClientTLSConfig, ServeConfig):
 
 
 @dataclass
+class RelayConfig(ClientTLSConfig, ServeConfig):
+    """apexrl relay: pulls each parameter version from the learner once and serves it to the
+    actors near it over the learner's own GetParameters (docs/scaling.md#parameter-relay)."""
+
+    port: int = option(50053, "gRPC port (0 picks a free one; see --ready-file)")
+    metrics_port: int = option(9104, "Prometheus /metrics HTTP port (0 picks a free one)")
+    learner: str = option(
+        "127.0.0.1:50052",
+        "where the relay pulls from: the learner's address, or another relay's nearer to it"
+        " (a tree of relays; a relay that reaches itself stops at start-up, naming this setting)",
+    )
+    min_pull_seconds: float = option(
+        0.0,
+        "least seconds between two versions pulled (0: each as the learner publishes it, for"
+        " actors that long-poll every version); a learner that publishes faster than its"
+        " actors pull costs a relay less with it set (docs/scaling.md#parameter-relay)",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.min_pull_seconds <= 3600 or math.isnan(self.min_pull_seconds):
+            raise ValueError(f"min_pull_seconds: must be 0 to 3600, got {self.min_pull_seconds}")
+
+
+@dataclass
 class ActorConfig(AgentConfig, ClientTLSConfig, ProcessConfig):
     """apexrl actor: acts in envs with the algorithm's behaviour policy on its copy of the
     parameters; the algorithm's items (n-step transitions, unrolls) to replay."""
@@ -316,7 +341,17 @@ class ActorConfig(AgentConfig, ClientTLSConfig, ProcessConfig):
         "replay address: host:port (one replay), h0:p,h1:p,... (shards 0, 1, ... in order) or "
         "dns:///name:port (every address the name resolves to is a shard)",
     )
-    learner: str = option("127.0.0.1:50052", "learner server address")
+    learner: str = option(
+        "127.0.0.1:50052",
+        "learner server address: leases (the exploration ladder) always, and parameters unless"
+        " `parameters` names relays (or while none of them answers)",
+    )
+    parameters: str = option(
+        "",
+        "parameter relays (apexrl relay) to pull parameters from, host:port,... tried in order,"
+        " the learner when none answers (empty: pull from the learner;"
+        " docs/scaling.md#parameter-relay)",
+    )
     num_envs: int = option(8, "environments stepped together (batched inference)")
     pull_interval: int = option(400, "env steps between parameter pulls (Ape-X: 400)")
     insert_batch: int = option(

@@ -273,7 +273,7 @@ def start_service(
     ready, log_path = tmp_path / f"ready-{stamp}.json", tmp_path / f"{command}-{stamp}.log"
     args = [*prefix, sys.executable, "-m", "apexrl.cli", command, "--host", host]
     args += ["--metrics-port", "0", "--ready-file", str(ready)]
-    if command in ("replay", "learner") and "--port" not in flags:
+    if command in ("replay", "learner", "relay") and "--port" not in flags:
         args += ["--port", "0"]
     with open(log_path, "w") as log:
         process = subprocess.Popen(

@@ -454,6 +454,38 @@ def build() -> dashboard_models.Dashboard:
     )
     builder.with_panel(
         graph(
+            "Parameter bytes sent/s",
+            "GetParameters answers, in bytes per second: the learner's (to actors, parameter "
+            "relays and the evaluator) and the relays' (to their actors). With relays, the "
+            "learner's is their pulls and the actors' lease renewals.",
+            [
+                query("sum(rate(apexrl_learner_parameter_bytes_sent_total[1m]))", "learner"),
+                query("sum(rate(apexrl_relay_parameter_bytes_served_total[1m]))", "relays"),
+            ],
+            unit="Bps",
+        )
+    )
+    builder.with_panel(
+        graph(
+            "Parameter relays",
+            "Per relay: versions pulled from the learner per second, its callers (actors) seen "
+            "in the last minute, and the newest version it serves behind the learner's.",
+            [
+                query(
+                    "sum by (pod) (rate(apexrl_relay_versions_pulled_total[1m]))",
+                    "{{pod}} versions/s",
+                ),
+                query("sum by (pod) (apexrl_relay_clients)", "{{pod}} clients"),
+                query(
+                    "scalar(max(apexrl_learner_parameter_version)) - "
+                    "max by (pod) (apexrl_relay_parameter_version)",
+                    "{{pod}} versions behind",
+                ),
+            ],
+        )  # fmt: skip
+    )
+    builder.with_panel(
+        graph(
             "Process restarts in the last hour",
             "How often each pod's service process started anew (process_start_time_seconds "
             "changed): crashes, OOM kills, liveness failures.",

@@ -21,14 +21,14 @@
 #    APEXRL_REBUILD=1 builds regardless.
 #
 # Environment: APEXRL_PODMAN_CACHE (default /var/cache/apexrl-podman), APEXRL_TARGETS
-# (default "replay actor evaluator learner"), BASE_IMAGE (default localhost/debian:bookworm),
+# (default "replay relay actor evaluator learner"), BASE_IMAGE (default localhost/debian:bookworm),
 # APEXRL_WHEELS (the wheel folder), APEXRL_REBUILD=1 (build even when up to date).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 cache=${APEXRL_PODMAN_CACHE:-/var/cache/apexrl-podman}
 base=${BASE_IMAGE:-localhost/debian:bookworm}
-targets=${APEXRL_TARGETS:-replay actor evaluator learner}
+targets=${APEXRL_TARGETS:-replay relay actor evaluator learner}
 version=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -n1)
 ca=/etc/ssl/certs/ca-certificates.crt
 now() { date +%s.%N; }

@@ -25,6 +25,7 @@ import numpy as np
 import prometheus_client
 
 from apexrl import algorithms
+from apexrl.actor.parameters import ParameterPuller
 from apexrl.algorithms.base import Step
 from apexrl.algorithms.columns import pack
 from apexrl.algorithms.envs import (
@@ -35,6 +36,7 @@ from apexrl.algorithms.envs import (
 )
 from apexrl.common import codec
 from apexrl.common.backoff import Backoff
+from apexrl.common.client import short_error
 from apexrl.common.codec import Packed
 from apexrl.common.learner_client import LearnerClient, Parameters
 from apexrl.common.memory import off_heap, release_free_memory
@@ -101,6 +103,11 @@ class ActorMetrics:
         )
         self.buffered = metric(G, "transitions_buffered", "Items waiting to be inserted.")
         self.pull_failures = metric(C, "parameter_pull_failures", "Parameter pulls that failed.")
+        self.relay_fallbacks = metric(
+            C,
+            "parameter_relay_fallbacks",
+            "Times no parameter relay answered a pull: the learner serves pulls for a while.",
+        )
         self.frame_raw_bytes = metric(
             C, "frame_raw_bytes", "Bytes of the observations compressed (Atari), before."
         )
@@ -181,7 +188,7 @@ class InsertBuffer:
                 if self._closing:
                     return
                 delay = backoff.next_delay()
-                log.warning("insert failed (%s); retrying in %.2f s", _short(err), delay)
+                log.warning("insert failed (%s); retrying in %.2f s", short_error(err), delay)
                 with self._cond:
                     self._outage = self._backlog = True
                     self._cond.notify_all()
@@ -215,72 +222,9 @@ class InsertBuffer:
         self._thread.join(5)
 
 
-class ParameterPuller:
-    """Fetches parameters in the background when asked; the actor loop picks them up."""
-
-    def __init__(self, learner: LearnerClient, actor_id: str, metrics: ActorMetrics):
-        self.learner, self.actor_id, self.metrics = learner, actor_id, metrics
-        self.version, self.lineage = 0, 0
-        self._wanted = threading.Event()
-        self._wait_seconds = 0.0  # > 0: the next pull is a long poll for a newer version
-        self.arrived = threading.Event()  # set while fresh parameters wait to be taken
-        self._lock = threading.Lock()
-        self._fresh: Parameters | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pull", daemon=True)
-        self._thread.start()
-
-    def request(self, wait_seconds: float = 0.0) -> None:
-        """Asks for a pull; wait_seconds > 0 makes it a long poll (the learner answers when it
-        publishes a version newer than the one held, or after that long)."""
-        self._wait_seconds = wait_seconds
-        self._wanted.set()
-
-    def take(self) -> Parameters | None:
-        with self._lock:
-            fresh, self._fresh = self._fresh, None
-            self.arrived.clear()
-            return fresh
-
-    def _run(self) -> None:
-        backoff = Backoff()
-        # close() sets _stop before _wanted: a pull that clears _wanted after close() set it
-        # still sees _stop at the loop's test.
-        while not self._stop.is_set():
-            self._wanted.wait()
-            if self._stop.is_set():
-                return
-            try:
-                params = self.learner.get_parameters(
-                    self.version, self.actor_id, self.lineage, self._wait_seconds
-                )
-            except Exception as err:  # learner away: act on the weights held, retry
-                if self._stop.is_set():
-                    return
-                self.metrics.pull_failures.inc()
-                log.warning("parameter pull failed (%s)", _short(err))
-                self._stop.wait(backoff.next_delay())
-                continue
-            backoff.reset()
-            self._wanted.clear()
-            if self.version:  # an actor's first pull is not lag (it held no version)
-                self.metrics.lag.set(params.version - self.version)
-            if params.arrays:
-                self.version, self.lineage = params.version, params.lineage
-            with self._lock:
-                self._fresh = params
-                self.arrived.set()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._wanted.set()  # wakes a thread that waits for a request
-        self.learner.close()
-        self._thread.join(5)
-
-
-def _short(err: Exception) -> str:
-    details = getattr(err, "details", None)
-    return details() if callable(details) else str(err)
+def relay_addresses(setting: str) -> list[str]:
+    """The `parameters` setting's relay addresses, in order."""
+    return [address.strip() for address in setting.split(",") if address.strip()]
 
 
 def register_metrics(
@@ -338,10 +282,16 @@ class Actor:
         learner = LearnerClient(
             config.learner, retry_seconds=1.0, retry_cap=0.1, tls=config, stop=stop
         )
-        self.puller = ParameterPuller(learner, actor_id, metrics)
+        # Relays are tried once each: one that is away costs a pull from the learner instead.
+        relays = [
+            LearnerClient(address, retry_seconds=0.0, tls=config, stop=stop)
+            for address in relay_addresses(config.parameters)
+        ]
+        self.puller = ParameterPuller(learner, actor_id, metrics, relays)
         log.info(
             "actor %s: %s x%d, waiting for parameters from %s",
-            actor_id[:8], config.env, config.num_envs, config.learner,
+            actor_id[:8], config.env, config.num_envs,
+            ", ".join([*(r.address for r in relays), config.learner]),
         )  # fmt: skip
         self.exploration, self.version, self.have_weights = 0.0, 0, False
         self.acted, self.waiting = 0, 0.0  # the version of the last item; since when it waits
@@ -360,6 +310,8 @@ class Actor:
     def ready_to_act(self) -> bool:
         """Takes new parameters where the adder allows; False while the actor must wait (no
         parameters yet, or a version newer than its last item's)."""
+        if self.puller.error is not None:  # a setting that cannot work
+            raise self.puller.error
         params = self.puller.take() if self.at_boundary else None
         if params is not None:
             self.take(params)

@@ -21,7 +21,7 @@ import prometheus_client
 from apexrl.common.errors import RequestError
 from apexrl.v1 import learner_pb2, replay_pb2
 
-ROLES = ("replay", "learner", "actor", "evaluator", "admin")
+ROLES = ("replay", "learner", "relay", "actor", "evaluator", "admin")
 
 OPEN_SERVICES = (
     "grpc.health.v1.Health",
@@ -41,8 +41,8 @@ METHODS = tuple(
 
 # Used when the config has no [[authorization]] entries: what each role's own code calls.
 # Actors insert and pull parameters (Info: the sharded client reads each shard's table);
-# the learner samples, writes priorities and asks for checkpoints; the evaluator pulls
-# parameters and reports evaluations. The replay calls nobody.
+# the learner samples, writes priorities and asks for checkpoints; a parameter relay pulls
+# parameters; the evaluator pulls parameters and reports evaluations. The replay calls nobody.
 DEFAULT_POLICY: dict[str, tuple[str, ...]] = {
     "actor": (
         "apexrl.v1.Replay/Insert",
@@ -57,6 +57,7 @@ DEFAULT_POLICY: dict[str, tuple[str, ...]] = {
         "apexrl.v1.Replay/Info",
         "apexrl.v1.Replay/Checkpoint",
     ),
+    "relay": ("apexrl.v1.Learner/GetParameters",),
     "evaluator": ("apexrl.v1.Learner/GetParameters", "apexrl.v1.Learner/ReportEvaluation"),
     # A person's certificate (`apexrl set`): settings of the running learner.
     "admin": ("apexrl.v1.Learner/SetSetting",),

@@ -27,6 +27,12 @@ def channel_credentials(tls: ClientTLSConfig | None) -> grpc.ChannelCredentials 
     )
 
 
+def short_error(err: Exception) -> str:
+    """A failed call's status message (its details), else the exception's text: one log line."""
+    details = getattr(err, "details", None)
+    return details() if callable(details) else str(err)
+
+
 def _read(path: str) -> bytes:
     with open(path, "rb") as fh:
         return fh.read()

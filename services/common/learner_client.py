@@ -26,6 +26,7 @@ class Parameters:
     num_actors: int
     algorithm: str  # the learner's
     newest_version: int = 0  # the learner's newest (> version when in_order answered older)
+    lease_seconds: float = 0.0  # 0: no lease came with it (no actor_id, or a relay answered)
 
 
 def apply_changes(
@@ -65,12 +66,14 @@ class LearnerClient(GrpcClient):
         have_lineage: int = 0,
         wait_seconds: float = 0.0,
         in_order: bool = False,
+        metadata: tuple = (),
     ) -> Parameters:
         """The newest parameters (none if have_version/have_lineage are the newest);
         wait_seconds > 0: a long poll, answered when a newer version is published or then;
         in_order: the version after have_version while the learner keeps it (learner.proto).
         When the version held is the last one this client received, only the rows that changed
-        since travel (accept_changes); the arrays returned are whole either way."""
+        since travel (accept_changes); the arrays returned are whole either way. metadata:
+        gRPC metadata sent with the call (a relay's path, relay/servicer.py)."""
         held = self._held
         request = learner_pb2.GetParametersRequest(
             have_version=have_version, actor_id=actor_id, have_lineage=have_lineage,
@@ -79,7 +82,9 @@ class LearnerClient(GrpcClient):
                 have_version, have_lineage),
         )  # fmt: skip
         timeout = self.timeout + wait_seconds
-        response = self._retry(lambda: self._until_stop(request, timeout), "get_parameters")
+        response = self._retry(
+            lambda: self._until_stop(request, timeout, metadata), "get_parameters"
+        )
         arrays = {
             name: tensors.from_proto(t, f'parameters["{name}"]')
             for name, t in response.parameters.items()
@@ -96,19 +101,40 @@ class LearnerClient(GrpcClient):
             num_actors=response.num_actors,
             algorithm=response.algorithm,
             newest_version=response.newest_version,
+            lease_seconds=response.lease_seconds,
         )
         if arrays:
             self._held = params
         return params
 
+    def renew_lease(self, actor_id: str) -> Parameters:
+        """Renews the lease of `actor_id` without parameters (learner.proto: lease_only): its
+        place in the ladder, with the learner's newest version and lineage, no arrays."""
+        request = learner_pb2.GetParametersRequest(actor_id=actor_id, lease_only=True)
+        response = self._retry(
+            lambda: self._until_stop(request, self.timeout), "get_parameters (lease)"
+        )
+        return Parameters(
+            version=response.version,
+            lineage=response.lineage,
+            update_step=response.update_step,
+            arrays={},
+            exploration=response.exploration,
+            actor_index=response.actor_index,
+            num_actors=response.num_actors,
+            algorithm=response.algorithm,
+            newest_version=response.newest_version,
+            lease_seconds=response.lease_seconds,
+        )
+
     def _until_stop(
-        self, request: learner_pb2.GetParametersRequest, timeout: float
+        self, request: learner_pb2.GetParametersRequest, timeout: float, metadata: tuple = ()
     ) -> learner_pb2.GetParametersResponse:
         """GetParameters, cancelled (grpc.FutureCancelledError) once the process's stop is set:
         a stopping actor or evaluator does not wait out a long poll."""
         if self.stop is None:
-            return self.stub.GetParameters(request, timeout=timeout)
-        call = self.stub.GetParameters.future(request, timeout=timeout)
+            return self.stub.GetParameters(request, timeout=timeout, metadata=metadata)
+        call = self.stub.GetParameters.future(request, timeout=timeout, metadata=metadata)
         done = threading.Event()
         call.add_done_callback(lambda _: done.set())
         while not done.wait(0.02):  # woken by the answer; looks at stop every 20 ms

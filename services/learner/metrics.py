@@ -45,6 +45,10 @@ class LearnerMetrics:
         self.samples = counter("samples_consumed", "Transitions trained on.")
         self.priority_updates = counter("priority_updates_sent", "Priorities written to replay.")
         self.live_actors = gauge("live_actors", "Actors holding a lease.")
+        self.parameter_bytes_sent = counter(
+            "parameter_bytes_sent",
+            "Bytes of the GetParameters answers sent (to actors, parameter relays, evaluators).",
+        )
         self.decode_seconds = counter(
             "decode_seconds", "Time the input pipeline spent decompressing sampled frames."
         )

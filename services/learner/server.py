@@ -15,12 +15,12 @@ import threading
 import prometheus_client
 
 from apexrl import algorithms
+from apexrl.common.parameters import ParameterStore
 from apexrl.common.serving import Service
 from apexrl.config import LearnerConfig
 from apexrl.learner.best import BestModel
 from apexrl.learner.leases import Leases
 from apexrl.learner.metrics import LearnerMetrics
-from apexrl.learner.parameters import ParameterStore
 from apexrl.learner.servicer import LearnerServicer, add_to_server
 from apexrl.learner.training import Learner
 from apexrl.replay.sharded import connect
@@ -40,7 +40,9 @@ def build(
     leases = Leases(config.lease_seconds)
     learner = Learner(config, algorithm, metrics, store)
     best = BestModel(config, learner.learning.parameters())
-    servicer = LearnerServicer(store, leases, metrics.live_actors, best, algorithm, learner)
+    servicer = LearnerServicer(
+        store, leases, metrics.live_actors, best, algorithm, metrics.parameter_bytes_sent, learner
+    )
     replay = connect(config.replay, table=learner.dataset.table, timeout=30.0,
                      retry_seconds=None, tls=config, stop=learner.stop)  # fmt: skip
 

@@ -16,9 +16,9 @@ import prometheus_client
 
 from apexrl.algorithms.base import Builder
 from apexrl.common.errors import FailedPrecondition, InvalidArgument
+from apexrl.common.parameters import ParameterStore
 from apexrl.learner.best import BestModel
 from apexrl.learner.leases import Leases
-from apexrl.learner.parameters import ParameterStore
 from apexrl.v1 import learner_pb2, learner_pb2_grpc
 
 if TYPE_CHECKING:
@@ -35,11 +35,12 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         live_actors: prometheus_client.Gauge,
         best: BestModel,
         algorithm: Builder,
+        bytes_sent: prometheus_client.Counter | None = None,
         learner: "Learner | None" = None,
     ):
         """learner: the training one, whose settings SetSetting changes (None: it refuses)."""
         self.store, self.leases, self.live_actors, self.best = store, leases, live_actors, best
-        self.algorithm, self.learner = algorithm, learner
+        self.algorithm, self.bytes_sent, self.learner = algorithm, bytes_sent, learner
         # Long polls wait on this event; each publish sets it and puts a fresh one in place.
         self._published: asyncio.Event | None = None
         self._stopping = False
@@ -93,10 +94,18 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
             if self.algorithm.exploration_name == "epsilon":  # the field older actors read
                 response.epsilon = response.exploration
             self.live_actors.set(count)
-        if wait and not self._stopping:
-            await self._wait_for_newer(request.have_version, request.have_lineage, wait, context)
-        held = (request.have_version, request.have_lineage)
-        return self.store.serialize(response, *held, request.in_order, request.accept_changes)
+        if request.lease_only:
+            answer = self.store.newest_head(response)
+        else:
+            if wait and not self._stopping:
+                await self._wait_for_newer(
+                    request.have_version, request.have_lineage, wait, context
+                )
+            held = (request.have_version, request.have_lineage)
+            answer = self.store.serialize(response, *held, request.in_order, request.accept_changes)
+        if self.bytes_sent is not None:
+            self.bytes_sent.inc(len(answer))
+        return answer
 
     async def _wait_for_newer(self, version: int, lineage: int, wait: float, context) -> None:
         """Returns when a version newer than the one held is published (at once if it is not

@@ -24,11 +24,11 @@ from apexrl.algorithms.base import Builder
 from apexrl.algorithms.columns import unpack
 from apexrl.common.codec import Packed
 from apexrl.common.errors import InvalidArgument
+from apexrl.common.parameters import ParameterStore
 from apexrl.common.tensors import codec_to_proto, dtype_from_proto
 from apexrl.config import LearnerConfig
 from apexrl.learner import checkpoint
 from apexrl.learner.metrics import LearnerMetrics
-from apexrl.learner.parameters import ParameterStore
 from apexrl.learner.scheduled import ScheduledSettings
 from apexrl.replay.client import Replay
 from apexrl.replay.sharded import connect

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from apexrl.v1 import tensor_pb2 as apexrl_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x61pexrl/v1/learner.proto\x12\tapexrl.v1\x1a\x16\x61pexrl/v1/tensor.proto\"\x94\x01\n\x14GetParametersRequest\x12\x14\n\x0chave_version\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63tor_id\x18\x02 \x01(\t\x12\x14\n\x0chave_lineage\x18\x03 \x01(\x04\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\x12\x10\n\x08in_order\x18\x05 \x01(\x08\x12\x16\n\x0e\x61\x63\x63\x65pt_changes\x18\x06 \x01(\x08\"\xfb\x03\n\x15GetParametersResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x44\n\nparameters\x18\x02 \x03(\x0b\x32\x30.apexrl.v1.GetParametersResponse.ParametersEntry\x12\x13\n\x0bupdate_step\x18\x03 \x01(\x04\x12\x13\n\x0b\x61\x63tor_index\x18\x04 \x01(\r\x12\x12\n\nnum_actors\x18\x05 \x01(\r\x12\x0f\n\x07\x65psilon\x18\x06 \x01(\x01\x12\x15\n\rlease_seconds\x18\x07 \x01(\x01\x12\x0f\n\x07lineage\x18\x08 \x01(\x04\x12\x13\n\x0b\x65xploration\x18\t \x01(\x01\x12\x11\n\talgorithm\x18\n \x01(\t\x12\x16\n\x0enewest_version\x18\x0b \x01(\x04\x12\x14\n\x0c\x63hanges_from\x18\x0c \x01(\x04\x12\x38\n\x04rows\x18\r \x03(\x0b\x32*.apexrl.v1.GetParametersResponse.RowsEntry\x1a\x44\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.apexrl.v1.Tensor:\x02\x38\x01\x1a>\n\tRowsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.apexrl.v1.Tensor:\x02\x38\x01\"\xa1\x02\n\x17ReportEvaluationRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0f\n\x07lineage\x18\x02 \x01(\x04\x12\x13\n\x0bupdate_step\x18\x03 \x01(\x04\x12\x46\n\nparameters\x18\x04 \x03(\x0b\x32\x32.apexrl.v1.ReportEvaluationRequest.ParametersEntry\x12\x0f\n\x07returns\x18\x05 \x03(\x01\x12\x0b\n\x03\x65nv\x18\x06 \x01(\t\x12\x12\n\nfirst_seed\x18\x07 \x01(\x04\x12\x0f\n\x07\x65psilon\x18\x08 \x01(\x01\x1a\x44\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.apexrl.v1.Tensor:\x02\x38\x01\"X\n\x18ReportEvaluationResponse\x12\x0c\n\x04kept\x18\x01 \x01(\x08\x12\x14\n\x0c\x62\x65st_version\x18\x02 \x01(\x04\x12\x18\n\x10\x62\x65st_mean_return\x18\x03 \x01(\x01\"0\n\x11SetSettingRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01\";\n\x12SetSettingResponse\x12\x10\n\x08previous\x18\x01 \x01(\x01\x12\x13\n\x0bupdate_step\x18\x02 \x01(\x04\x32\x85\x02\n\x07Learner\x12R\n\rGetParameters\x12\x1f.apexrl.v1.GetParametersRequest\x1a .apexrl.v1.GetParametersResponse\x12[\n\x10ReportEvaluation\x12\".apexrl.v1.ReportEvaluationRequest\x1a#.apexrl.v1.ReportEvaluationResponse\x12I\n\nSetSetting\x12\x1c.apexrl.v1.SetSettingRequest\x1a\x1d.apexrl.v1.SetSettingResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x61pexrl/v1/learner.proto\x12\tapexrl.v1\x1a\x16\x61pexrl/v1/tensor.proto\"\xa8\x01\n\x14GetParametersRequest\x12\x14\n\x0chave_version\x18\x01 \x01(\x04\x12\x10\n\x08\x61\x63tor_id\x18\x02 \x01(\t\x12\x14\n\x0chave_lineage\x18\x03 \x01(\x04\x12\x14\n\x0cwait_seconds\x18\x04 \x01(\x01\x12\x10\n\x08in_order\x18\x05 \x01(\x08\x12\x16\n\x0e\x61\x63\x63\x65pt_changes\x18\x06 \x01(\x08\x12\x12\n\nlease_only\x18\x07 \x01(\x08\"\xfb\x03\n\x15GetParametersResponse\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x44\n\nparameters\x18\x02 \x03(\x0b\x32\x30.apexrl.v1.GetParametersResponse.ParametersEntry\x12\x13\n\x0bupdate_step\x18\x03 \x01(\x04\x12\x13\n\x0b\x61\x63tor_index\x18\x04 \x01(\r\x12\x12\n\nnum_actors\x18\x05 \x01(\r\x12\x0f\n\x07\x65psilon\x18\x06 \x01(\x01\x12\x15\n\rlease_seconds\x18\x07 \x01(\x01\x12\x0f\n\x07lineage\x18\x08 \x01(\x04\x12\x13\n\x0b\x65xploration\x18\t \x01(\x01\x12\x11\n\talgorithm\x18\n \x01(\t\x12\x16\n\x0enewest_version\x18\x0b \x01(\x04\x12\x14\n\x0c\x63hanges_from\x18\x0c \x01(\x04\x12\x38\n\x04rows\x18\r \x03(\x0b\x32*.apexrl.v1.GetParametersResponse.RowsEntry\x1a\x44\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.apexrl.v1.Tensor:\x02\x38\x01\x1a>\n\tRowsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.apexrl.v1.Tensor:\x02\x38\x01\"\xa1\x02\n\x17ReportEvaluationRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0f\n\x07lineage\x18\x02 \x01(\x04\x12\x13\n\x0bupdate_step\x18\x03 \x01(\x04\x12\x46\n\nparameters\x18\x04 \x03(\x0b\x32\x32.apexrl.v1.ReportEvaluationRequest.ParametersEntry\x12\x0f\n\x07returns\x18\x05 \x03(\x01\x12\x0b\n\x03\x65nv\x18\x06 \x01(\t\x12\x12\n\nfirst_seed\x18\x07 \x01(\x04\x12\x0f\n\x07\x65psilon\x18\x08 \x01(\x01\x1a\x44\n\x0fParametersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12 \n\x05value\x18\x02 \x01(\x0b\x32\x11.apexrl.v1.Tensor:\x02\x38\x01\"X\n\x18ReportEvaluationResponse\x12\x0c\n\x04kept\x18\x01 \x01(\x08\x12\x14\n\x0c\x62\x65st_version\x18\x02 \x01(\x04\x12\x18\n\x10\x62\x65st_mean_return\x18\x03 \x01(\x01\"0\n\x11SetSettingRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01\";\n\x12SetSettingResponse\x12\x10\n\x08previous\x18\x01 \x01(\x01\x12\x13\n\x0bupdate_step\x18\x02 \x01(\x04\x32\x85\x02\n\x07Learner\x12R\n\rGetParameters\x12\x1f.apexrl.v1.GetParametersRequest\x1a .apexrl.v1.GetParametersResponse\x12[\n\x10ReportEvaluation\x12\".apexrl.v1.ReportEvaluationRequest\x1a#.apexrl.v1.ReportEvaluationResponse\x12I\n\nSetSetting\x12\x1c.apexrl.v1.SetSettingRequest\x1a\x1d.apexrl.v1.SetSettingResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,23 +39,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REPORTEVALUATIONREQUEST_PARAMETERSENTRY']._loaded_options = None
   _globals['_REPORTEVALUATIONREQUEST_PARAMETERSENTRY']._serialized_options = b'8\001'
   _globals['_GETPARAMETERSREQUEST']._serialized_start=63
-  _globals['_GETPARAMETERSREQUEST']._serialized_end=211
-  _globals['_GETPARAMETERSRESPONSE']._serialized_start=214
-  _globals['_GETPARAMETERSRESPONSE']._serialized_end=721
-  _globals['_GETPARAMETERSRESPONSE_PARAMETERSENTRY']._serialized_start=589
-  _globals['_GETPARAMETERSRESPONSE_PARAMETERSENTRY']._serialized_end=657
-  _globals['_GETPARAMETERSRESPONSE_ROWSENTRY']._serialized_start=659
-  _globals['_GETPARAMETERSRESPONSE_ROWSENTRY']._serialized_end=721
-  _globals['_REPORTEVALUATIONREQUEST']._serialized_start=724
-  _globals['_REPORTEVALUATIONREQUEST']._serialized_end=1013
-  _globals['_REPORTEVALUATIONREQUEST_PARAMETERSENTRY']._serialized_start=589
-  _globals['_REPORTEVALUATIONREQUEST_PARAMETERSENTRY']._serialized_end=657
-  _globals['_REPORTEVALUATIONRESPONSE']._serialized_start=1015
-  _globals['_REPORTEVALUATIONRESPONSE']._serialized_end=1103
-  _globals['_SETSETTINGREQUEST']._serialized_start=1105
-  _globals['_SETSETTINGREQUEST']._serialized_end=1153
-  _globals['_SETSETTINGRESPONSE']._serialized_start=1155
-  _globals['_SETSETTINGRESPONSE']._serialized_end=1214
-  _globals['_LEARNER']._serialized_start=1217
-  _globals['_LEARNER']._serialized_end=1478
+  _globals['_GETPARAMETERSREQUEST']._serialized_end=231
+  _globals['_GETPARAMETERSRESPONSE']._serialized_start=234
+  _globals['_GETPARAMETERSRESPONSE']._serialized_end=741
+  _globals['_GETPARAMETERSRESPONSE_PARAMETERSENTRY']._serialized_start=609
+  _globals['_GETPARAMETERSRESPONSE_PARAMETERSENTRY']._serialized_end=677
+  _globals['_GETPARAMETERSRESPONSE_ROWSENTRY']._serialized_start=679
+  _globals['_GETPARAMETERSRESPONSE_ROWSENTRY']._serialized_end=741
+  _globals['_REPORTEVALUATIONREQUEST']._serialized_start=744
+  _globals['_REPORTEVALUATIONREQUEST']._serialized_end=1033
+  _globals['_REPORTEVALUATIONREQUEST_PARAMETERSENTRY']._serialized_start=609
+  _globals['_REPORTEVALUATIONREQUEST_PARAMETERSENTRY']._serialized_end=677
+  _globals['_REPORTEVALUATIONRESPONSE']._serialized_start=1035
+  _globals['_REPORTEVALUATIONRESPONSE']._serialized_end=1123
+  _globals['_SETSETTINGREQUEST']._serialized_start=1125
+  _globals['_SETSETTINGREQUEST']._serialized_end=1173
+  _globals['_SETSETTINGRESPONSE']._serialized_start=1175
+  _globals['_SETSETTINGRESPONSE']._serialized_end=1234
+  _globals['_LEARNER']._serialized_start=1237
+  _globals['_LEARNER']._serialized_end=1498
 # @@protoc_insertion_point(module_scope)

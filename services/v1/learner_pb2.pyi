@@ -8,20 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GetParametersRequest(_message.Message):
-    __slots__ = ("have_version", "actor_id", "have_lineage", "wait_seconds", "in_order", "accept_changes")
+    __slots__ = ("have_version", "actor_id", "have_lineage", "wait_seconds", "in_order", "accept_changes", "lease_only")
     HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     HAVE_LINEAGE_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     IN_ORDER_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ONLY_FIELD_NUMBER: _ClassVar[int]
     have_version: int
     actor_id: str
     have_lineage: int
     wait_seconds: float
     in_order: bool
     accept_changes: bool
-    def __init__(self, have_version: _Optional[int] = ..., actor_id: _Optional[str] = ..., have_lineage: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., in_order: _Optional[bool] = ..., accept_changes: _Optional[bool] = ...) -> None: ...
+    lease_only: bool
+    def __init__(self, have_version: _Optional[int] = ..., actor_id: _Optional[str] = ..., have_lineage: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., in_order: _Optional[bool] = ..., accept_changes: _Optional[bool] = ..., lease_only: _Optional[bool] = ...) -> None: ...
 
 class GetParametersResponse(_message.Message):
     __slots__ = ("version", "parameters", "update_step", "actor_index", "num_actors", "epsilon", "lease_seconds", "lineage", "exploration", "algorithm", "newest_version", "changes_from", "rows")

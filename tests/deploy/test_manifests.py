@@ -38,11 +38,18 @@ K8S_VERSIONS = ["1.27.0", "1.32.0"]
 SERVICES = {
     "replay": cfg.ReplayConfig,
     "learner": cfg.LearnerConfig,
+    "relay": cfg.RelayConfig,
     "actor": cfg.ActorConfig,
     "evaluator": cfg.EvaluatorConfig,
 }
-GRPC_SERVERS = {"replay", "learner"}
+GRPC_SERVERS = {"replay", "learner", "relay"}
+# Servers whose state outlives a pod (checkpoints on a volume); the relay holds none.
+DURABLE = {"replay", "learner"}
+# Config tables a file may leave out: the relay's settings are its ports and peer (flags, env).
+OPTIONAL_TABLES = {"relay"}
 WORKLOAD_KINDS = {"Deployment", "StatefulSet"}
+# A peer address setting -> the server it names.
+PEERS = {"replay": "replay", "learner": "learner", "parameters": "relay"}
 # Replay runs as shards: a StatefulSet behind a headless Service, dialled as every address
 # of that name (apexrl.replay.sharded); the other services are Deployments.
 KIND = {name: "StatefulSet" if name == "replay" else "Deployment" for name in SERVICES}
@@ -366,6 +373,7 @@ def test_ports_and_paths_match_what_the_code_reads(bundle, tmp_path, monkeypatch
         assert annotations["prometheus.io/path"] == "/metrics", where
         if workload_name in GRPC_SERVERS:
             assert config.port == ports["grpc"], where
+        if workload_name in DURABLE:
             # The checkpoints go to the mounted volume, and SIGTERM leaves time to write them.
             mounts = {m["mountPath"]: m["name"] for m in container(workload)["volumeMounts"]}
             volume_name = mounts[config.checkpoint_dir]
@@ -376,9 +384,10 @@ def test_ports_and_paths_match_what_the_code_reads(bundle, tmp_path, monkeypatch
                 assert volume["persistentVolumeClaim"]["claimName"] in claims, where
             assert spec["terminationGracePeriodSeconds"] >= config.grace_seconds + 30, where
         # Peer addresses are Service DNS names and ports that lead to that peer's gRPC port;
-        # replay's is every address of its headless Service (dns:///), one per shard.
-        for server in ("replay", "learner"):
-            address = getattr(config, server, None)
+        # replay's is every address of its headless Service (dns:///), one per shard; an
+        # actor's `parameters` are the relays'.
+        for setting, server in PEERS.items():
+            address = getattr(config, setting, None)
             if address is None or not isinstance(address, str):
                 continue
             host, port, resolve_all = peer(address)
@@ -575,7 +584,7 @@ def test_config_map_parses_for_every_service(bundle, tmp_path):
     # A table per service and the algorithm's own (its settings: n_step, ...), nothing else.
     algorithm = algorithms.get(data["algorithm"]).name
     tables = {k for k, v in data.items() if isinstance(v, dict)}
-    assert tables == set(SERVICES) | {algorithm}, name
+    assert tables - OPTIONAL_TABLES == set(SERVICES) - OPTIONAL_TABLES | {algorithm}, name
     # parse() ignores top-level keys no service has (they are shared): catch typos here.
     known = {f.name for cls in SERVICES.values() for f in dataclasses.fields(cls)}
     unknown = {k for k, v in data.items() if not isinstance(v, dict)} - known
@@ -733,6 +742,8 @@ APP_FLOWS = {
     ("actor", "replay", "grpc"),
     ("learner", "replay", "grpc"),
     ("actor", "learner", "grpc"),
+    ("actor", "relay", "grpc"),
+    ("relay", "learner", "grpc"),
     ("evaluator", "learner", "grpc"),
 }
 
@@ -844,6 +855,7 @@ def test_alerts_watch_the_documented_metrics():
         "ApexrlReplayNotSampling": "apexrl_replay_samples_total",
         "ApexrlReplayNearMemoryLimit": "process_resident_memory_bytes",
         "ApexrlParameterLagHigh": "apexrl_actor_parameter_lag",
+        "ApexrlRelayNotPulling": "apexrl_relay_pull_failures_total",
         "ApexrlCheckpointFailing": "apexrl_learner_checkpoint_failures_total",
     }
     assert set(alerts) == set(watched)

@@ -50,7 +50,7 @@ SECRET_KEY = {
     "metrics_tls_cert": "tls.crt",
     "metrics_tls_key": "tls.key",
 }
-CLIENTS = {"learner", "actor", "evaluator"}
+CLIENTS = {"learner", "relay", "actor", "evaluator"}
 
 # test_manifests.py checks that take a bundle: run here as they are, or replaced below.
 GENERIC = [

@@ -72,7 +72,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 NETWORK = "apexrl-e2e"
 OVERLAY = ROOT / "deploy/kustomize/overlays/cpu-only"
-ORDER = ["replay", "learner", "evaluator", "actor"]  # servers first, like a rollout
+ORDER = ["replay", "learner", "relay", "evaluator", "actor"]  # servers first, like a rollout
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
 # An actor asks for parameters every pull_interval env steps and the learner publishes every
 # publish_interval updates, so an actor's parameter lag (versions published between its last
@@ -86,7 +86,7 @@ UPDATES_PER_ENV_STEP_LIMIT = 0.1
 LADDER_OF_3 = {0: 0.4, 1: 0.4**4.5, 2: 0.4**8}
 # The window of each printed env steps/s figure (a figure, not a check: 2 shared cores).
 FIGURE_SECONDS = 15.0
-# deploy/podman/build_images.sh: four images, rebuilt when the sources change.
+# deploy/podman/build_images.sh: five images, rebuilt when the sources change.
 BUILD_SECONDS = 1500
 MISSING = [
     t for t in ("podman", "debootstrap", "prometheus", "promtool", "kubectl") if not shutil.which(t)

@@ -16,9 +16,9 @@ from apexrl import algorithms
 from apexrl.algorithms.a3c.builder import Settings
 from apexrl.algorithms.evaluation import evaluate
 from apexrl.common.learner_client import LearnerClient
+from apexrl.common.parameters import ParameterStore
 from apexrl.config import AgentConfig, LearnerConfig
 from apexrl.learner.metrics import LearnerMetrics
-from apexrl.learner.parameters import ParameterStore
 from apexrl.learner.training import Learner
 from apexrl.local.settings import dump_toml, replay_tables
 from apexrl.replay.client import ReplayClient

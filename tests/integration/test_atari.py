@@ -19,9 +19,9 @@ from apexrl.algorithms.columns import unpack
 from apexrl.algorithms.r2d2.builder import R2D2Builder
 from apexrl.common import codec
 from apexrl.common.codec import Packed
+from apexrl.common.parameters import ParameterStore
 from apexrl.config import AgentConfig, LearnerConfig
 from apexrl.learner.metrics import LearnerMetrics
-from apexrl.learner.parameters import ParameterStore
 from apexrl.learner.training import Learner, autocast_dtype, native_bfloat16
 from apexrl.replay.client import ReplayClient, SampledBatch, insert_request
 from tests.conftest import in_process_replay, metric, wait_for

@@ -11,9 +11,9 @@ import pytest
 from apexrl import algorithms
 from apexrl.algorithms.networks import state_to_numpy
 from apexrl.common.learner_client import LearnerClient
+from apexrl.common.parameters import ParameterStore
 from apexrl.config import EvaluatorConfig, LearnerConfig
 from apexrl.evaluator import loop as evaluator
-from apexrl.learner.parameters import ParameterStore
 from tests.conftest import serve_learner, wait_for
 
 ENV = "CartPole-v1"

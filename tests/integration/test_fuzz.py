@@ -195,7 +195,7 @@ def refilled(replay) -> Replay:
 def learner_server(tmp_path, publish: bool) -> Iterator[tuple[str, object, object]]:
     """The real LearnerServicer for LEARNER_ARRAYS (no training loop); yields (address, store,
     servicer)."""
-    from apexrl.learner.parameters import ParameterStore
+    from apexrl.common.parameters import ParameterStore
 
     store = ParameterStore()
     if publish:

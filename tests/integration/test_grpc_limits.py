@@ -8,9 +8,9 @@ import time
 import grpc
 import numpy as np
 
+from apexrl.common.parameters import ParameterStore
 from apexrl.common.serving import MAX_CONCURRENT_STREAMS, open_files_limit
 from apexrl.config import LearnerConfig
-from apexrl.learner.parameters import ParameterStore
 from apexrl.v1 import learner_pb2, learner_pb2_grpc
 from tests.conftest import serve_learner, wait_for
 

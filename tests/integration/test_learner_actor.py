@@ -84,8 +84,8 @@ def queue_learner(replay_factory, config: LearnerConfig):
     import prometheus_client
 
     from apexrl import algorithms
+    from apexrl.common.parameters import ParameterStore
     from apexrl.learner.metrics import LearnerMetrics
-    from apexrl.learner.parameters import ParameterStore
     from apexrl.learner.training import Learner
 
     columns = algorithms.transition_columns(config)

@@ -8,8 +8,8 @@ import pytest
 
 from apexrl.common import tensors
 from apexrl.common.learner_client import LearnerClient
+from apexrl.common.parameters import ParameterStore
 from apexrl.config import LearnerConfig
-from apexrl.learner.parameters import ParameterStore
 from apexrl.v1 import learner_pb2, learner_pb2_grpc
 from tests.conftest import serve_learner
 

@@ -7,6 +7,8 @@ ladder, and the last answers hold every place of 64 once.
 
 CartPole keeps it small (its learner starts in seconds, its parameters weigh KBs); the
 cadence is fast (a pull a second, a 2.5 s lease) so that all of it fits one short window.
+The same again with the parameters pulled through a parameter relay: the leases, renewed
+with lease_only calls to the learner, keep the ladder exact.
 """
 
 from pathlib import Path
@@ -17,7 +19,8 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.mark.timeout(120)
-def test_sixty_four_actors_lose_no_insert_and_hold_exact_places(monkeypatch, tmp_path):
+@pytest.mark.parametrize("relays", [0, 1], ids=["from-the-learner", "through-a-relay"])
+def test_sixty_four_actors_lose_no_insert_and_hold_exact_places(monkeypatch, tmp_path, relays):
     monkeypatch.syspath_prepend(str(BENCHMARKS))  # spawned actor processes inherit sys.path
     import scale
 
@@ -33,11 +36,16 @@ def test_sixty_four_actors_lose_no_insert_and_hold_exact_places(monkeypatch, tmp
         capacity=50_000,
         paused=8,
         pin=False,
+        relays=relays,
     )
     (report,) = scale.run(settings, tmp_path)
     assert report["errors"] == 0, report["error_messages"]
     assert report["inserts_lost"] == 0
     assert report["inserts_accepted_per_s"] > 0 and report["pulls_per_s"] > 0
+    # Through a relay, every pull's parameters came from it (and none without).
+    pulls = report["pulls_per_s"] * report["seconds"]
+    assert (report["relay_answers"] >= pulls) if relays else report["relay_answers"] == 0
+    assert report["learner_parameter_bytes_sent_per_s"] > 0
     ladder = report["ladder"]
     assert ladder["formula"], "an exploration value differs from epsilon_ladder(index, count)"
     assert ladder["counts_in_window"] == [64]

@@ -326,8 +326,8 @@ def test_each_role_may_call_only_its_learner_methods(tmp_path, pki, role):
     model behind."""
     from apexrl import algorithms
     from apexrl.algorithms.networks import state_to_numpy
+    from apexrl.common.parameters import ParameterStore
     from apexrl.config import LearnerConfig
-    from apexrl.learner.parameters import ParameterStore
 
     config = LearnerConfig(algorithm="ppo", env=ENV, checkpoint_dir=str(tmp_path / "ckpt"))
     arrays = state_to_numpy(algorithms.make(config).network())

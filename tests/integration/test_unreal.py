@@ -11,9 +11,9 @@ import pytest
 from apexrl import algorithms
 from apexrl.algorithms.columns import pack
 from apexrl.algorithms.unreal.builder import Settings
+from apexrl.common.parameters import ParameterStore
 from apexrl.config import LearnerConfig
 from apexrl.learner.metrics import LearnerMetrics
-from apexrl.learner.parameters import ParameterStore
 from apexrl.learner.training import Learner
 from apexrl.local.settings import replay_tables
 from apexrl.replay.client import ReplayClient

@@ -16,8 +16,9 @@ def test_no_entries_give_each_role_what_its_own_code_calls():
     }
     assert "apexrl.v1.Replay/Checkpoint" in policy["learner"]
     assert "apexrl.v1.Replay/Insert" not in policy["learner"]
-    assert set(policy) == {"actor", "learner", "evaluator", "admin"}
+    assert policy["relay"] == {"apexrl.v1.Learner/GetParameters"}  # a parameter relay's pulls
     assert policy["admin"] == {"apexrl.v1.Learner/SetSetting"}  # a person: `apexrl set`
+    assert set(policy) == {"actor", "learner", "relay", "evaluator", "admin"}
     assert set().union(*policy.values()) <= set(authz.METHODS)
 
 

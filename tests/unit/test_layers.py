@@ -11,12 +11,14 @@ SERVICES = Path(__file__).resolve().parents[2] / "services"
 
 # package under services/ -> apexrl packages its modules must never import
 FORBIDDEN = {
-    "actor": {"learner", "evaluator", "replay.server", "replay.table"},
-    "learner": {"actor", "evaluator", "replay.server", "replay.table"},
-    "evaluator": {"actor", "learner", "replay"},
-    "algorithms": {"actor", "learner", "evaluator", "replay"},
-    "replay": {"actor", "learner", "evaluator", "algorithms"},
-    "common": {"actor", "learner", "evaluator", "algorithms", "replay"},
+    "actor": {"learner", "evaluator", "relay", "replay.server", "replay.table"},
+    "learner": {"actor", "evaluator", "relay", "replay.server", "replay.table"},
+    "evaluator": {"actor", "learner", "relay", "replay"},
+    # The relay serves parameters: no torch (algorithms), no other service.
+    "relay": {"actor", "learner", "evaluator", "replay", "algorithms"},
+    "algorithms": {"actor", "learner", "evaluator", "relay", "replay"},
+    "replay": {"actor", "learner", "evaluator", "relay", "algorithms"},
+    "common": {"actor", "learner", "evaluator", "relay", "algorithms", "replay"},
 }
 
 
@@ -65,7 +67,7 @@ def algorithm_words(path: Path) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("package", ["actor", "learner", "evaluator"])
+@pytest.mark.parametrize("package", ["actor", "learner", "evaluator", "relay"])
 def test_services_never_name_an_algorithm_or_its_family(package):
     found = [hit for f in sorted((SERVICES / package).rglob("*.py")) for hit in algorithm_words(f)]
     assert not found, found

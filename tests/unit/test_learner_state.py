@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
+from apexrl.common.parameters import ParameterStore
 from apexrl.learner.leases import Leases
-from apexrl.learner.parameters import ParameterStore
 from apexrl.v1 import learner_pb2
 
 
@@ -136,7 +136,7 @@ def pull(store: ParameterStore, have: int, lineage: int, in_order: bool = False)
 
 def test_a_caller_holding_a_recent_version_gets_only_the_rows_that_changed():
     from apexrl.common.learner_client import Parameters, apply_changes
-    from apexrl.learner.parameters import CHANGE_VERSIONS
+    from apexrl.common.parameters import CHANGE_VERSIONS
 
     store = ParameterStore()
     published = versions_of(store, np.random.default_rng(0), 30, touched=3)

@@ -12,8 +12,8 @@ import torch
 
 from apexrl import algorithms
 from apexrl import config as cfg
+from apexrl.common.parameters import ParameterStore
 from apexrl.learner.metrics import LearnerMetrics
-from apexrl.learner.parameters import ParameterStore
 from apexrl.learner.scheduled import ScheduledSettings
 from apexrl.learner.training import Learner
 from apexrl.local.settings import dump_toml

@@ -9,7 +9,11 @@ the wire bytes of their GetParametersResponse fields, and an answer is the calle
 serialized, followed by those bytes. Serialized protobuf messages concatenated parse as one
 message holding the fields of both, so the caller decodes exactly what a response built field
 by field would give, while the learner copies the bytes once per call instead of copying and
-encoding every tensor (6.75 MB for the Atari network) for every caller."""
+encoding every tensor (6.75 MB for the Atari network) for every caller.
+
+The learner publishes its own versions under its own lineage; a parameter relay (relay/)
+publishes the versions it pulls, under the lineage they came with, and may skip versions (it
+pulls the newest): change sets span the versions actually published, whatever their numbers."""
 
 import collections
 import secrets
@@ -66,14 +70,15 @@ class ParameterStore:
     """
 
     def __init__(self, history_bytes: int = 0):
-        self.lineage = secrets.randbits(63) + 1
+        self.lineage = secrets.randbits(63) + 1  # a relay's store takes its learner's (publish)
         self.history_bytes = history_bytes
         self._kept: collections.deque[_Version] = collections.deque()  # oldest first
         self._older_bytes = 0  # of the kept versions but the newest
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
         self._arrays: dict[str, np.ndarray] = {}  # the newest version's
-        # (version, {name: rows that changed from the version before, None: all}), oldest first
+        # (version before, version, {name: rows that changed since the version before, None:
+        # all}), oldest first
         self._changes: collections.deque = collections.deque(maxlen=CHANGE_VERSIONS)
         self._change_sets: dict[int, _Changes | None] = {}  # for the newest, by base version
         self.change_bytes = 0  # what a caller holding the version before the newest pulls
@@ -101,8 +106,15 @@ class ParameterStore:
         return (version, lineage) == (self.version, self.lineage)
 
     def publish(
-        self, arrays: dict[str, np.ndarray], update_step: int, version: int | None = None
+        self,
+        arrays: dict[str, np.ndarray],
+        update_step: int,
+        version: int | None = None,
+        lineage: int | None = None,
     ) -> int:
+        """Publishes `arrays` as `version` (default: the next) of `lineage` (default: this
+        store's own). A version not above the newest (a resumed numbering) or another lineage
+        starts afresh: nothing kept before it is served or spans it in a change set."""
         encoded = learner_pb2.GetParametersResponse()
         for name, array in arrays.items():
             tensors.to_proto(array, encoded.parameters[name])
@@ -111,14 +123,16 @@ class ParameterStore:
         changes = {name: changed_rows(a, self._arrays.get(name)) for name, a in arrays.items()}
         with self._lock:
             version = self.version + 1 if version is None else version
-            if self._kept and version <= self._kept[-1].version:  # a resumed numbering
+            renumbered = self._kept and version <= self._kept[-1].version
+            if renumbered or (lineage is not None and lineage != self.lineage):
+                self.lineage = self.lineage if lineage is None else lineage
                 self._kept.clear()
                 self._older_bytes = 0
                 self._changes.clear()
             if set(arrays) != set(self._arrays):  # arrays added or gone: no change set spans it
                 self._changes.clear()
             self._arrays = arrays
-            self._changes.append((version, changes))
+            self._changes.append((self.version, version, changes))
             if self._kept:  # the newest becomes history
                 self._older_bytes += self._kept[-1].nbytes
             self._kept.append(_Version(version, update_step, payload, nbytes))
@@ -126,11 +140,19 @@ class ParameterStore:
                 self._older_bytes -= self._kept.popleft().nbytes
             self._change_sets = {}
             # What a caller one version behind pulls (encoded now: most callers are).
-            last = self._change_set(version - 1)
+            last = self._change_set(self._changes[-1][0])
             self.change_bytes = nbytes if last is None else last.nbytes
         for listener in self._listeners:
             listener()
         return version
+
+    def newest_head(self, head: learner_pb2.GetParametersResponse) -> bytes:
+        """`head` with the newest version's numbers and no parameters, serialized (a lease
+        renewal: learner.proto's lease_only)."""
+        with self._lock:
+            head.version = head.newest_version = self.version
+            head.update_step, head.lineage = self.update_step, self.lineage
+        return head.SerializeToString()
 
     def serialize(
         self,
@@ -166,10 +188,10 @@ class ParameterStore:
         per base version; None when the changes since are not all known or not smaller."""
         if since in self._change_sets:
             return self._change_sets[since]
-        # Versions count up by one within a lineage: every change since is kept, or not.
-        later = [c for v, c in self._changes if v > since]
-        if not since or len(later) != self.version - since:
+        # Every change since is kept when a kept publish came right after `since`.
+        if not since or not any(before == since for before, _, _ in self._changes):
             return None
+        later = [c for _, v, c in self._changes if v > since]
         plan: dict[str, np.ndarray | None] = {}  # name -> the rows to send, None: whole
         nbytes = 0
         for name, array in self._arrays.items():

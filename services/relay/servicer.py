@@ -1,0 +1,123 @@
+"""The relay's gRPC service: the learner's own Learner service, GetParameters answered from the
+versions the relay pulled (each encoded once, at its arrival), so that an actor points at a
+relay as at a learner. No leases (an actor renews its lease at the learner, lease_only) and no
+evaluation reports (an evaluator reports to the learner, which owns the best model)."""
+
+import asyncio
+import contextlib
+import math
+
+import grpc
+
+from apexrl.common.errors import FailedPrecondition, InvalidArgument
+from apexrl.common.parameters import ParameterStore
+from apexrl.relay.metrics import RelayMetrics
+from apexrl.relay.path import LOOP, PATH_KEY, RelayPath
+from apexrl.relay.upstream import RelayLoop, Upstream
+from apexrl.v1 import learner_pb2, learner_pb2_grpc
+
+MAX_WAIT_SECONDS = 60.0  # GetParametersRequest.wait_seconds, as the learner's
+
+
+class RelayServicer(learner_pb2_grpc.LearnerServicer):
+    def __init__(
+        self,
+        store: ParameterStore,
+        upstream: Upstream,
+        path: RelayPath,
+        metrics: RelayMetrics,
+        on_loop,
+    ):
+        self.store, self.upstream, self.path, self.metrics = store, upstream, path, metrics
+        self.on_loop = on_loop
+        self._published: asyncio.Event | None = None  # set by the next publish
+        self._stopping = False
+
+    def _next_publish(self) -> asyncio.Event:
+        if self._published is None:
+            loop = asyncio.get_running_loop()
+            self._published = asyncio.Event()
+
+            def published() -> None:  # in the upstream thread
+                with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
+                    loop.call_soon_threadsafe(self._wake)
+
+            self.store.on_publish(published)
+        return self._published
+
+    def _wake(self) -> None:
+        if self._published is not None:
+            self._published.set()
+            self._published = asyncio.Event()
+
+    def stop_waiters(self) -> None:
+        """Shutdown: long polls answer now, and new ones do not wait."""
+        self._stopping = True
+        self._wake()
+
+    async def GetParameters(self, request, context):
+        if not self.path.arrived(context.invocation_metadata()):
+            self.on_loop(RelayLoop(self.upstream.address))
+            raise FailedPrecondition(PATH_KEY, f"{LOOP}: this relay is upstream of itself")
+        if len(request.actor_id) > 128:
+            raise InvalidArgument("actor_id", f"{len(request.actor_id)} characters, at most 128")
+        wait = request.wait_seconds
+        if not 0 <= wait <= MAX_WAIT_SECONDS or not math.isfinite(wait):
+            raise InvalidArgument(
+                "wait_seconds", f"must be finite, 0 to {MAX_WAIT_SECONDS:g}, got {wait}"
+            )
+        if request.lease_only:
+            raise FailedPrecondition(
+                "lease_only", "a parameter relay grants no leases: renew the lease at the learner"
+            )
+        if self.store.version == 0:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"no parameters pulled from {self.upstream.address} yet",
+            )
+        self.metrics.client(request.actor_id or context.peer())
+        if wait and not self._stopping:
+            await self._wait_for_newer(request.have_version, request.have_lineage, wait, context)
+        head = learner_pb2.GetParametersResponse(algorithm=self.upstream.algorithm)
+        held = (request.have_version, request.have_lineage)
+        answer = self.store.serialize(head, *held, request.in_order, request.accept_changes)
+        self.metrics.answers.inc()
+        self.metrics.bytes_served.inc(len(answer))
+        return answer
+
+    async def _wait_for_newer(self, version: int, lineage: int, wait: float, context) -> None:
+        """As the learner's: returns when a version newer than the one held arrives (at once
+        if it is not the newest), after `wait` seconds, before the deadline, or at shutdown."""
+        published = self._next_publish()  # taken before the check: no wake-up is lost
+        if not self.store.holds(version, lineage):
+            return
+        remaining = context.time_remaining()
+        if remaining is not None:
+            wait = min(wait, max(0.0, remaining - 0.05))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(published.wait(), wait)
+
+    async def ReportEvaluation(self, request, context):
+        raise FailedPrecondition(
+            "ReportEvaluation", "a parameter relay keeps no best model: report to the learner"
+        )
+
+
+def add_to_server(servicer: RelayServicer, server: grpc.aio.Server) -> None:
+    """Registers the Learner service with GetParameters's answers passed through as the bytes
+    the store serialized (as the learner's add_to_server)."""
+    handlers = {
+        "GetParameters": grpc.unary_unary_rpc_method_handler(
+            servicer.GetParameters,
+            request_deserializer=learner_pb2.GetParametersRequest.FromString,
+            response_serializer=None,  # bytes from ParameterStore.serialize
+        ),
+        "ReportEvaluation": grpc.unary_unary_rpc_method_handler(
+            servicer.ReportEvaluation,
+            request_deserializer=learner_pb2.ReportEvaluationRequest.FromString,
+            response_serializer=learner_pb2.ReportEvaluationResponse.SerializeToString,
+        ),
+    }
+    name = learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)
