@@ -133,7 +133,7 @@ def test_a_bad_config_table_is_one_line_and_exit_2(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "apexrl replay: error: [[authorization]]: entry 0: unknown role 'pirate'"
-        " (roles: replay, learner, actor, evaluator, admin)"
+        " (roles: replay, learner, relay, actor, evaluator, admin)"
     ]
 
 
