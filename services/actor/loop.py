@@ -71,6 +71,8 @@ class ActorMetrics:
         exploration_name: str,
         exploration_help: str,
     ):
+        self.registry = registry  # where they are read back (get_sample_value)
+
         def metric(kind, name, doc, **kw):
             return kind(f"apexrl_actor_{name}", doc, registry=registry, **kw)
 
