@@ -285,6 +285,11 @@ class LearnerConfig(AgentConfig, ClientTLSConfig, ServeConfig):
         300.0, "seconds between periodic checkpoints (0: only on SIGTERM)"
     )
     max_updates: int = option(0, "stop training after this many updates (0: never)")
+    live_file: str = option(
+        "",
+        "TOML file of NAME = VALUE lines: settings that may change during a run, applied at start"
+        " and again whenever the file changes (a ConfigMap key, updated in place; empty: none)",
+    )
     history_mb: float = option(
         0.0,
         "MB of recent parameter versions kept besides the newest, for evaluators that play"

@@ -45,6 +45,10 @@ class LearnerMetrics:
         self.samples = counter("samples_consumed", "Transitions trained on.")
         self.priority_updates = counter("priority_updates_sent", "Priorities written to replay.")
         self.live_actors = gauge("live_actors", "Actors holding a lease.")
+        self.live_file_failures = counter(
+            "live_file_failures",
+            "Reads of the live file (live_file) that failed or that held a refused value.",
+        )
         self.parameter_bytes_sent = counter(
             "parameter_bytes_sent",
             "Bytes of the GetParameters answers sent (to actors, parameter relays, evaluators).",

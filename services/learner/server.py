@@ -20,6 +20,7 @@ from apexrl.common.serving import Service
 from apexrl.config import LearnerConfig
 from apexrl.learner.best import BestModel
 from apexrl.learner.leases import Leases
+from apexrl.learner.live_file import LiveFile
 from apexrl.learner.metrics import LearnerMetrics
 from apexrl.learner.servicer import LearnerServicer, add_to_server
 from apexrl.learner.training import Learner
@@ -58,19 +59,28 @@ def build(
             os._exit(1)
 
     thread = threading.Thread(target=train, name="train", daemon=True)
+    threads = [thread]
+    if config.live_file:  # applied now (refused: exit 2), then watched
+        live = LiveFile(config.live_file, learner.scheduled, metrics.live_file_failures)
+        live.start()
+        threads.append(
+            threading.Thread(target=live.watch, args=(learner.stop,), name="live", daemon=True)
+        )
 
     def register(server) -> list[str]:
         add_to_server(servicer, server)
         return [learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name]
 
     async def start_training() -> None:
-        thread.start()
+        for started in threads:
+            started.start()
 
     async def stop_training() -> None:
         servicer.stop_waiters()
         learner.stop.set()
         replay.close()  # unblocks a prefetch stream the replay rate limiter holds
-        await asyncio.to_thread(thread.join)
+        for started in threads:
+            await asyncio.to_thread(started.join)
         for helper in learner.helpers:
             await asyncio.to_thread(helper.join, 10)
 

@@ -66,3 +66,32 @@ def test_a_learning_rate_change_reaches_the_learner_and_survives_a_kill(
     assert "live change: learning_rate = 0.00025" in resumed.log()
     resumed.stop()
     assert newest_live(ckpt)["live_settings"] == {"learning_rate": 2.5e-4}
+
+
+def test_a_changed_live_file_reaches_the_running_learner(service_process, filled_replay, tmp_path):
+    """The file as a ConfigMap key is: rewritten whole while the learner runs."""
+    live = tmp_path / "live.toml"
+    live.write_text("learning_rate = 5e-4\n")
+    learner = service_process("learner", "--replay", filled_replay.address, "--batch-size", "32",
+                              "--live-file", str(live))  # fmt: skip
+    wait_for(lambda: gauge(learner.metrics_port) == 5e-4, 30, "the file's rate")
+    live.write_text("learning_rate = 2e-4\n")
+    wait_for(lambda: gauge(learner.metrics_port) == 2e-4, 30, "the new rate")
+    live.write_text("learning_rate = -1.0\n")
+    failures = "apexrl_learner_live_file_failures_total"
+    wait_for(lambda: metrics(learner.metrics_port).get(failures) == 1, 30, "a refused line")
+    assert gauge(learner.metrics_port) == 2e-4
+    assert "learning_rate: must be >= 0, got -1.0" in learner.log()
+    learner.stop()
+
+
+def test_a_live_file_the_learner_cannot_take_stops_it_at_start(filled_replay, tmp_path):
+    live = tmp_path / "live.toml"
+    live.write_text("max_grad_norm = 1.0\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "apexrl.cli", "learner", "--replay", filled_replay.address,
+         "--port", "0", "--metrics-port", "0", "--live-file", str(live)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "max_grad_norm: cannot change during a run" in result.stderr

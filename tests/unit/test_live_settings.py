@@ -142,3 +142,41 @@ def test_the_command_line_reads_name_value_pairs():
     ):
         with pytest.raises(ValueError, match=says):
             changes(words)
+
+
+def live_file(tmp_path, text: str):
+    from apexrl.learner.live_file import LiveFile
+
+    path = tmp_path / "live.toml"
+    path.write_text(text)
+    made, registry = learner(tmp_path, "--learning-rate", "1e-3")
+    failures = prometheus_client.Counter("f", "f", registry=registry)
+    return LiveFile(str(path), made.scheduled, failures), path, made, registry
+
+
+def test_the_live_file_applies_what_changed_and_only_that(tmp_path):
+    live, path, made, _ = live_file(tmp_path, "learning_rate = 5e-4\n")
+    live.start()
+    made.scheduled.apply(1)
+    assert rates(made) == [pytest.approx(5e-4)]
+    made.scheduled.change("learning_rate", 1e-4)  # apexrl set, after the file
+    path.write_text("learning_rate = 5e-4\nentropy_cost = 0.02\n")  # its rate line as it was
+    live.check()
+    made.scheduled.apply(2)
+    assert rates(made) == [pytest.approx(1e-4)] and made.algorithm.settings.entropy_cost == 0.02
+    live.check()  # unchanged file: nothing read
+    assert made.scheduled.changes == 3
+
+
+def test_a_refused_line_fails_the_start_but_later_only_itself(tmp_path):
+    live, path, made, registry = live_file(tmp_path, "clip_range = -1.0\n")
+    with pytest.raises(ValueError, match=r"^live_file .*live\.toml: clip_range: must be >= 0"):
+        live.start()
+    assert made.scheduled.live == {}
+    path.write_text("batch_size = 64\nentropy_cost = 0.03\n")
+    with pytest.raises(InvalidArgument, match="^batch_size: cannot change during a run"):
+        live.check()
+    assert made.scheduled.live == {"entropy_cost": 0.03}  # the other line applied
+    path.write_text('entropy_cost = "high"\n')
+    with pytest.raises(ValueError, match=r"live\.toml: entropy_cost: must be a number"):
+        live.check()
