@@ -76,7 +76,7 @@ def build(
             started.start()
 
     async def stop_training() -> None:
-        servicer.stop_waiters()
+        servicer.polls.stop()
         learner.stop.set()
         replay.close()  # unblocks a prefetch stream the replay rate limiter holds
         for started in threads:

@@ -5,7 +5,6 @@ GetParameters answers with bytes serialized by the ParameterStore (each version'
 encoded once, at publish): `add_to_server` registers it with no response serializer."""
 
 import asyncio
-import contextlib
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +15,7 @@ import prometheus_client
 
 from apexrl.algorithms.base import Builder
 from apexrl.common.errors import FailedPrecondition, InvalidArgument
+from apexrl.common.long_poll import LongPolls
 from apexrl.common.parameters import ParameterStore
 from apexrl.learner.best import BestModel
 from apexrl.learner.leases import Leases
@@ -41,38 +41,12 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         """learner: the training one, whose settings SetSetting changes (None: it refuses)."""
         self.store, self.leases, self.live_actors, self.best = store, leases, live_actors, best
         self.algorithm, self.bytes_sent, self.learner = algorithm, bytes_sent, learner
-        # Long polls wait on this event; each publish sets it and puts a fresh one in place.
-        self._published: asyncio.Event | None = None
-        self._stopping = False
-        self.waiting = 0  # long polls waiting now
+        self.polls = LongPolls(store)
         # Reports take BestModel's lock one at a time: one thread of their own, where asyncio's
         # default pool would add a thread whenever two reports meet and keep it for good. It
         # starts here, not at the first report: a learner's thread count is set from the start.
         self._reports = ThreadPoolExecutor(1, thread_name_prefix="report")
         self._reports.submit(lambda: None)
-
-    def _next_publish(self) -> asyncio.Event:
-        """The event the next publish sets (made, and hooked to the store, on first use)."""
-        if self._published is None:
-            loop = asyncio.get_running_loop()
-            self._published = asyncio.Event()
-
-            def published() -> None:  # in the training thread
-                with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
-                    loop.call_soon_threadsafe(self._wake)
-
-            self.store.on_publish(published)
-        return self._published
-
-    def _wake(self) -> None:
-        if self._published is not None:
-            self._published.set()
-            self._published = asyncio.Event()
-
-    def stop_waiters(self) -> None:
-        """Shutdown: long polls answer now, and new ones do not wait."""
-        self._stopping = True
-        self._wake()
 
     async def GetParameters(self, request, context):
         if len(request.actor_id) > 128:
@@ -97,8 +71,8 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         if request.lease_only:
             answer = self.store.newest_head(response)
         else:
-            if wait and not self._stopping:
-                await self._wait_for_newer(
+            if wait:
+                await self.polls.wait_for_newer(
                     request.have_version, request.have_lineage, wait, context
                 )
             held = (request.have_version, request.have_lineage)
@@ -106,24 +80,6 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         if self.bytes_sent is not None:
             self.bytes_sent.inc(len(answer))
         return answer
-
-    async def _wait_for_newer(self, version: int, lineage: int, wait: float, context) -> None:
-        """Returns when a version newer than the one held is published (at once if it is not
-        the newest), after `wait` seconds, just before the caller's deadline, or at shutdown."""
-        # Taken before the check: a publish after the check sets this very event (both run on
-        # this loop), so no wake-up is lost.
-        published = self._next_publish()
-        if not self.store.holds(version, lineage):
-            return
-        remaining = context.time_remaining()
-        if remaining is not None:
-            wait = min(wait, max(0.0, remaining - 0.05))
-        self.waiting += 1
-        try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(published.wait(), wait)
-        finally:
-            self.waiting -= 1
 
     async def ReportEvaluation(self, request, context):
         loop = asyncio.get_running_loop()  # the report may write a checkpoint

@@ -49,7 +49,7 @@ class Relay:
             self.upstream.start()
 
         async def stop_pulling() -> None:
-            self.servicer.stop_waiters()
+            self.servicer.polls.stop()
             await asyncio.to_thread(self.upstream.stop)
 
         return Service(register=register, on_shutdown=stop_pulling, background=[start])

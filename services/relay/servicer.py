@@ -3,13 +3,12 @@ versions the relay pulled (each encoded once, at its arrival), so that an actor 
 relay as at a learner. No leases (an actor renews its lease at the learner, lease_only) and no
 evaluation reports (an evaluator reports to the learner, which owns the best model)."""
 
-import asyncio
-import contextlib
 import math
 
 import grpc
 
 from apexrl.common.errors import FailedPrecondition, InvalidArgument
+from apexrl.common.long_poll import LongPolls
 from apexrl.common.parameters import ParameterStore
 from apexrl.relay.metrics import RelayMetrics
 from apexrl.relay.path import LOOP, PATH_KEY, RelayPath
@@ -30,30 +29,7 @@ class RelayServicer(learner_pb2_grpc.LearnerServicer):
     ):
         self.store, self.upstream, self.path, self.metrics = store, upstream, path, metrics
         self.on_loop = on_loop
-        self._published: asyncio.Event | None = None  # set by the next publish
-        self._stopping = False
-
-    def _next_publish(self) -> asyncio.Event:
-        if self._published is None:
-            loop = asyncio.get_running_loop()
-            self._published = asyncio.Event()
-
-            def published() -> None:  # in the upstream thread
-                with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits
-                    loop.call_soon_threadsafe(self._wake)
-
-            self.store.on_publish(published)
-        return self._published
-
-    def _wake(self) -> None:
-        if self._published is not None:
-            self._published.set()
-            self._published = asyncio.Event()
-
-    def stop_waiters(self) -> None:
-        """Shutdown: long polls answer now, and new ones do not wait."""
-        self._stopping = True
-        self._wake()
+        self.polls = LongPolls(store)
 
     async def GetParameters(self, request, context):
         if not self.path.arrived(context.invocation_metadata()):
@@ -76,26 +52,16 @@ class RelayServicer(learner_pb2_grpc.LearnerServicer):
                 f"no parameters pulled from {self.upstream.address} yet",
             )
         self.metrics.client(request.actor_id or context.peer())
-        if wait and not self._stopping:
-            await self._wait_for_newer(request.have_version, request.have_lineage, wait, context)
+        if wait:
+            await self.polls.wait_for_newer(
+                request.have_version, request.have_lineage, wait, context
+            )
         head = learner_pb2.GetParametersResponse(algorithm=self.upstream.algorithm)
         held = (request.have_version, request.have_lineage)
         answer = self.store.serialize(head, *held, request.in_order, request.accept_changes)
         self.metrics.answers.inc()
         self.metrics.bytes_served.inc(len(answer))
         return answer
-
-    async def _wait_for_newer(self, version: int, lineage: int, wait: float, context) -> None:
-        """As the learner's: returns when a version newer than the one held arrives (at once
-        if it is not the newest), after `wait` seconds, before the deadline, or at shutdown."""
-        published = self._next_publish()  # taken before the check: no wake-up is lost
-        if not self.store.holds(version, lineage):
-            return
-        remaining = context.time_remaining()
-        if remaining is not None:
-            wait = min(wait, max(0.0, remaining - 0.05))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(published.wait(), wait)
 
     async def ReportEvaluation(self, request, context):
         raise FailedPrecondition(

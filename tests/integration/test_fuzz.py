@@ -1108,11 +1108,11 @@ def test_get_parameters_long_poll(tmp_path):
         assert response.version == 1 and not response.parameters
         # A publish while it waits answers it with the new version.
         future = stub.GetParameters.future(request(1, 60), timeout=10)
-        wait_for(lambda: servicer.waiting == 1, 10, "the long poll to wait")
+        wait_for(lambda: servicer.polls.waiting == 1, 10, "the long poll to wait")
         store.publish(LEARNER_ARRAYS, update_step=8)
         response = future.result()
         assert response.version == 2 and set(response.parameters) == {"w", "b"}
-        assert servicer.waiting == 0
+        assert servicer.polls.waiting == 0
         assert healthy(channel, "apexrl.v1.Learner")
 
 

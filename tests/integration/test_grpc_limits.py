@@ -40,7 +40,7 @@ def test_a_connection_runs_at_most_the_stream_limit_of_calls_at_once(tmp_path):
             )
             polls = [stub.GetParameters.future(poll, timeout=30) for _ in range(100)]
             assert MAX_CONCURRENT_STREAMS == len(polls)
-            wait_for(lambda: servicer.waiting == len(polls), 20, "every long poll waiting")
+            wait_for(lambda: servicer.polls.waiting == len(polls), 20, "every long poll waiting")
             plain = learner_pb2.GetParametersRequest()
             queued = stub.GetParameters.future(plain, timeout=30)
             answered = learner_pb2_grpc.LearnerStub(other).GetParameters(plain, timeout=30)
@@ -54,7 +54,7 @@ def test_a_connection_runs_at_most_the_stream_limit_of_calls_at_once(tmp_path):
     # Another connection is answered at once. The 101st call on the busy one never runs beside
     # its 100 long polls (they hold for 2 s): the server refuses its stream (RST_STREAM
     # REFUSED_STREAM: UNAVAILABLE, which apexrl's clients retry), or it waits for one to end.
-    assert answered.version == 1 and servicer.waiting == 0
+    assert answered.version == 1 and servicer.polls.waiting == 0
     assert other_done < min(ends) - 1.0, (other_done, min(ends))
     if refused is None:
         assert queued_done > other_done + 1.0, (queued_done, other_done)
