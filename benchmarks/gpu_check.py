@@ -29,8 +29,9 @@ from apexrl.algorithms.columns import pack
 from apexrl.algorithms.networks import load_numpy_state, state_to_numpy
 from apexrl.common.parameters import ParameterStore
 from apexrl.config import LearnerConfig
+from apexrl.learner.device import native_bfloat16, pick_device
 from apexrl.learner.metrics import LearnerMetrics
-from apexrl.learner.training import Learner, native_bfloat16, pick_device
+from apexrl.learner.training import Learner
 from apexrl.replay.client import SampledBatch
 
 

@@ -127,8 +127,14 @@ class InsertBuffer:
     grows to `limit` transitions, then drops the oldest and counts them.
     """
 
-    def __init__(self, replay: Replay, limit: int, metrics: ActorMetrics, stop: threading.Event,
-                 in_flight: int = 2):  # fmt: skip
+    def __init__(
+        self,
+        replay: Replay,
+        limit: int,
+        metrics: ActorMetrics,
+        stop: threading.Event,
+        in_flight: int = 2,
+    ):
         self.replay, self.limit, self.metrics, self.stop = replay, limit, metrics, stop
         self.in_flight = in_flight
         self._batches: collections.deque = collections.deque()
@@ -169,8 +175,11 @@ class InsertBuffer:
         # Chunks of at most a 16th of the limit: dropping the oldest, should it be the one on
         # its way (it may land), costs no more than that.
         items = len(priorities) + (len(newest[1]) if newest else 0)
-        if (newest and items <= self.limit // 16
-                and codec.nbytes(newest[0]) + codec.nbytes(columns) <= HELD_CHUNK_BYTES):  # fmt: skip
+        if (
+            newest
+            and items <= self.limit // 16
+            and codec.nbytes(newest[0]) + codec.nbytes(columns) <= HELD_CHUNK_BYTES
+        ):
             self._batches.pop()
             columns = codec.concat([newest[0], columns])
             priorities = np.concatenate([newest[1], priorities])
@@ -270,15 +279,35 @@ class Actor:
         options = EnvOptions.of(config)
         self.envs, self.obs = make_vector_env(config.env, config.num_envs, seed % 2**31, options)
         self.policy.episode_starts(np.ones(config.num_envs, bool))
-        replay = connect(config.replay, table=self.adder.table, timeout=30.0, retry_seconds=1.0,
-                         tls=config, stop=stop)  # fmt: skip
+        replay = connect(
+            config.replay,
+            table=self.adder.table,
+            timeout=30.0,
+            retry_seconds=1.0,
+            tls=config,
+            stop=stop,
+        )
         self.buffer = InsertBuffer(replay, config.buffer_limit, metrics, stop)
         self.others = [
-            Outlet(adder, builder.table_columns(adder.table), InsertBuffer(
-                connect(config.replay, table=adder.table, timeout=30.0, retry_seconds=1.0,
-                        tls=config, stop=stop), config.buffer_limit, metrics, stop))
+            Outlet(
+                adder,
+                builder.table_columns(adder.table),
+                InsertBuffer(
+                    connect(
+                        config.replay,
+                        table=adder.table,
+                        timeout=30.0,
+                        retry_seconds=1.0,
+                        tls=config,
+                        stop=stop,
+                    ),
+                    config.buffer_limit,
+                    metrics,
+                    stop,
+                ),
+            )
             for adder in others
-        ]  # fmt: skip
+        ]
         # Tries at most 0.1 s apart: an actor that starts before the learner serves (local mode
         # starts every process at once) slept up to 0.6 s past the moment it could have begun.
         learner = LearnerClient(
@@ -292,9 +321,11 @@ class Actor:
         self.puller = ParameterPuller(learner, actor_id, metrics, relays)
         log.info(
             "actor %s: %s x%d, waiting for parameters from %s",
-            actor_id[:8], config.env, config.num_envs,
+            actor_id[:8],
+            config.env,
+            config.num_envs,
             ", ".join([*(r.address for r in relays), config.learner]),
-        )  # fmt: skip
+        )
         self.exploration, self.version, self.have_weights = 0.0, 0, False
         self.acted, self.waiting = 0, 0.0  # the version of the last item; since when it waits
         self.pending: list[dict[str, np.ndarray]] = []
@@ -364,8 +395,17 @@ class Actor:
             ends = terminated | lost
             self.lives = infos["lives"]
         final_obs = final_observations(next_obs, infos) if done.any() else next_obs
-        step = Step(obs, actions, extras, np.asarray(learned, np.float32), ends, truncated,
-                    next_obs, final_obs, self.version)  # fmt: skip
+        step = Step(
+            obs,
+            actions,
+            extras,
+            np.asarray(learned, np.float32),
+            ends,
+            truncated,
+            next_obs,
+            final_obs,
+            self.version,
+        )
         items = self.adder.add(step)
         for outlet in self.others:
             outlet.add(step, self.policy, config, self.metrics)
@@ -403,8 +443,15 @@ class Actor:
         m.env_steps.inc(self.config.num_envs)
 
     def insert(self) -> None:
-        insert(self.pending, self.adder, self.policy, self.columns, self.buffer, self.config,
-               self.metrics)  # fmt: skip
+        insert(
+            self.pending,
+            self.adder,
+            self.policy,
+            self.columns,
+            self.buffer,
+            self.config,
+            self.metrics,
+        )
         self.pending, self.pending_count = [], 0
 
     def close(self) -> None:

@@ -172,8 +172,10 @@ class ParameterPuller:
             )
         log.warning(
             "parameter relay %s serves lineage %x, the learner %x: pulling from the learner",
-            relay.address, params.lineage, lease.lineage,
-        )  # fmt: skip
+            relay.address,
+            params.lineage,
+            lease.lineage,
+        )
         return False
 
     def close(self) -> None:

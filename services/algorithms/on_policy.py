@@ -110,9 +110,10 @@ class OnPolicyBuilder(Builder):
     def check(self) -> None:
         self.columns()  # refuses a bad unroll_length
         self.check_policy()
-        if self.settings.optimizer not in OPTIMIZERS:
+        optimizer = self.settings.optimizer
+        if optimizer not in OPTIMIZERS:
             raise ValueError(
-                f"optimizer: must be one of {', '.join(OPTIMIZERS)}, got {self.settings.optimizer!r}"
+                f"optimizer: must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}"
             )
         if not self.settings.optimizer_eps > 0:
             raise ValueError(f"optimizer_eps: must be > 0, got {self.settings.optimizer_eps}")
@@ -164,10 +165,16 @@ class OnPolicyBuilder(Builder):
     def adder(self, num_envs: int, policy: Policy) -> Adder:
         spec = self.spec
         return UnrollAdder(
-            num_envs, self.settings.unroll_length, spec.obs_shape, spec.obs_dtype,
-            gamma=self.config.gamma, values=policy.values, table=TABLE,
-            **self.action_options(), returns=self.settings.normalize_rewards,
-        )  # fmt: skip
+            num_envs,
+            self.settings.unroll_length,
+            spec.obs_shape,
+            spec.obs_dtype,
+            gamma=self.config.gamma,
+            values=policy.values,
+            table=TABLE,
+            **self.action_options(),
+            returns=self.settings.normalize_rewards,
+        )
 
     def action_options(self) -> dict:
         """The actions an adder records: int64 indices, or float32 Gaussian samples."""
@@ -206,9 +213,12 @@ class OnPolicyBuilder(Builder):
 
         spec = self.spec
         return ActorCriticNetwork(
-            spec.obs_shape, spec.obs_dtype, spec.num_actions,
-            hidden_sizes(self.config.hidden, HIDDEN), **self.network_options(),
-        )  # fmt: skip
+            spec.obs_shape,
+            spec.obs_dtype,
+            spec.num_actions,
+            hidden_sizes(self.config.hidden, HIDDEN),
+            **self.network_options(),
+        )
 
     def policy(self):
         """In numpy for MLPs (no torch in the actor: algorithms/numpy_policies.py)."""

@@ -59,11 +59,16 @@ def concat(parts: list[dict]) -> dict:
     for name, column in parts[0].items():
         columns = [p[name] for p in parts]
         out[name] = (
-            Packed(column.codec, column.dtype, column.item_shape,
-                   b"".join(c.data for c in columns), np.concatenate([c.sizes for c in columns]))
+            Packed(
+                column.codec,
+                column.dtype,
+                column.item_shape,
+                b"".join(c.data for c in columns),
+                np.concatenate([c.sizes for c in columns]),
+            )
             if isinstance(column, Packed)
             else np.concatenate(columns)
-        )  # fmt: skip
+        )
     return out
 
 

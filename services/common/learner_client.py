@@ -76,11 +76,14 @@ class LearnerClient(GrpcClient):
         gRPC metadata sent with the call (a relay's path, relay/servicer.py)."""
         held = self._held
         request = learner_pb2.GetParametersRequest(
-            have_version=have_version, actor_id=actor_id, have_lineage=have_lineage,
-            wait_seconds=wait_seconds, in_order=in_order,
-            accept_changes=held is not None and (held.version, held.lineage) == (
-                have_version, have_lineage),
-        )  # fmt: skip
+            have_version=have_version,
+            actor_id=actor_id,
+            have_lineage=have_lineage,
+            wait_seconds=wait_seconds,
+            in_order=in_order,
+            accept_changes=held is not None
+            and (held.version, held.lineage) == (have_version, have_lineage),
+        )
         timeout = self.timeout + wait_seconds
         response = self._retry(
             lambda: self._until_stop(request, timeout, metadata), "get_parameters"

@@ -33,8 +33,26 @@ from apexrl.config import ProcessConfig, ServeConfig
 
 log = logging.getLogger(__name__)
 
-_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)  # fmt: skip
+_LATENCY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
 
 
 def new_registry() -> prometheus_client.CollectorRegistry:
@@ -318,13 +336,15 @@ def _tolerant(deserializer):
 class Service:
     """What a service plugs into `serve`."""
 
-    # Adds the servicers to the server; returns their full service names (for health and reflection).
+    # Adds the servicers to the server; returns their full service names (for health and
+    # reflection).
     register: Callable[[grpc.aio.Server], list[str]]
     # Called when shutdown begins, before in-flight calls get their grace (release waiters).
     on_shutdown: Callable[[], Awaitable[None]] | None = None
     # Called after the gRPC server has stopped (final checkpoint and the like).
     on_stop: Callable[[], Awaitable[None]] | None = None
-    # Background tasks to run while serving (periodic checkpoints, training loops); cancelled on stop.
+    # Background tasks to run while serving (periodic checkpoints, training loops); cancelled
+    # on stop.
     background: list[Callable[[], Awaitable[None]]] | None = None
 
 

@@ -118,5 +118,9 @@ class BestModel:
             ) from err
         log.info(
             "best model: version %d (update %d), mean return %.1f over %d episodes -> %s",
-            request.version, request.update_step, meta["mean_return"], len(returns), path,
-        )  # fmt: skip
+            request.version,
+            request.update_step,
+            meta["mean_return"],
+            len(returns),
+            path,
+        )

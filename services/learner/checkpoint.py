@@ -26,8 +26,12 @@ def save(config, algorithm: str, learning: Learning, counters: dict) -> None:
     path, size = checkpoint.write_checkpoint(config.checkpoint_dir, KIND, meta, arrays)
     log.info(
         "checkpoint %s: update %d, version %d, %d bytes in %.2f s",
-        path, counters["update_step"], counters["version"], size, time.perf_counter() - started,
-    )  # fmt: skip
+        path,
+        counters["update_step"],
+        counters["version"],
+        size,
+        time.perf_counter() - started,
+    )
 
 
 def resume(config, algorithm: str, learning: Learning) -> dict | None:
@@ -49,6 +53,8 @@ def resume(config, algorithm: str, learning: Learning) -> dict | None:
     learning.load_state(arrays, meta)
     log.info(
         "resumed from %s: update %d, parameter version %d",
-        path, meta["update_step"], meta["version"],
-    )  # fmt: skip
+        path,
+        meta["update_step"],
+        meta["version"],
+    )
     return meta

@@ -28,35 +28,13 @@ from apexrl.common.parameters import ParameterStore
 from apexrl.common.tensors import codec_to_proto, dtype_from_proto
 from apexrl.config import LearnerConfig
 from apexrl.learner import checkpoint
+from apexrl.learner.device import autocast_dtype, pick_device
 from apexrl.learner.metrics import LearnerMetrics
 from apexrl.learner.scheduled import ScheduledSettings
 from apexrl.replay.client import Replay
 from apexrl.replay.sharded import connect
 
 log = logging.getLogger(__name__)
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The dtype updates autocast to (None: plain float32), from the `precision` setting."""
-    if precision not in ("float32", "bfloat16", "auto"):
-        raise ValueError(f"precision must be float32, bfloat16 or auto, got {precision!r}")
-    if precision == "auto":
-        precision = "bfloat16" if native_bfloat16(device) else "float32"
-    return torch.bfloat16 if precision == "bfloat16" else None
-
-
-def native_bfloat16(device: torch.device) -> bool:
-    """Whether `device` computes bfloat16 in hardware (emulated, it is slower than float32)."""
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False)
-    supported = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
-    return device.type == "cpu" and supported()
 
 
 class Learner:
@@ -194,10 +172,14 @@ class Learner:
                     f" {self.algorithm.name} needs {getattr(want, setting)!r} (make the"
                     " replay's tables from the algorithm's settings: `apexrl tables`)"
                 )
-        columns = {(c.name, dtype_from_proto(c.dtype, c.name), tuple(c.shape), c.codec)
-                   for c in info.signature}  # fmt: skip
-        needed = {(c.name, np.dtype(c.dtype), tuple(c.shape), codec_to_proto(c.codec))
-                  for c in self.algorithm.table_columns(info.name)}  # fmt: skip
+        columns = {
+            (c.name, dtype_from_proto(c.dtype, c.name), tuple(c.shape), c.codec)
+            for c in info.signature
+        }
+        needed = {
+            (c.name, np.dtype(c.dtype), tuple(c.shape), codec_to_proto(c.codec))
+            for c in self.algorithm.table_columns(info.name)
+        }
         if columns and columns != needed:
             raise ValueError(
                 f"replay table {info.name!r}: signature {want.signature!r} is what algorithm"
@@ -266,8 +248,14 @@ class Learner:
         prefetch thread added to `threads`."""
         auxiliary = []
         for dataset in self.auxiliary:
-            client = connect(self.config.replay, table=dataset.table, timeout=30.0,
-                             retry_seconds=None, tls=self.config, stop=self.stop)  # fmt: skip
+            client = connect(
+                self.config.replay,
+                table=dataset.table,
+                timeout=30.0,
+                retry_seconds=None,
+                tls=self.config,
+                stop=self.stop,
+            )
             try:
                 self.check_table(client.info())
             except Exception:
@@ -389,8 +377,7 @@ class Learner:
         size = dataset.batch_size or self.config.batch_size
         return dataset.batches(replay, size, self.scheduled.sampling_beta, self.stop)
 
-    def _prefetch(self, replay: Replay, batches: queue.Queue, dataset=None,
-                  declared=None) -> None:  # fmt: skip
+    def _prefetch(self, replay: Replay, batches: queue.Queue, dataset=None, declared=None) -> None:
         try:
             for item in self._decoded(self._sample(replay, dataset), declared):
                 while not self.stop.is_set():

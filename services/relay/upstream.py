@@ -115,8 +115,11 @@ class Upstream:
         if self.lineage and params.lineage != self.lineage:
             log.info(
                 "upstream lineage changed (%x -> %x): version %d follows %d",
-                self.lineage, params.lineage, params.version, self.version,
-            )  # fmt: skip
+                self.lineage,
+                params.lineage,
+                params.version,
+                self.version,
+            )
         self.algorithm = params.algorithm
         self.store.publish(params.arrays, params.update_step, params.version, params.lineage)
         self.version, self.lineage = params.version, params.lineage

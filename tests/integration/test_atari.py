@@ -21,8 +21,9 @@ from apexrl.common import codec
 from apexrl.common.codec import Packed
 from apexrl.common.parameters import ParameterStore
 from apexrl.config import AgentConfig, LearnerConfig
+from apexrl.learner.device import autocast_dtype, native_bfloat16
 from apexrl.learner.metrics import LearnerMetrics
-from apexrl.learner.training import Learner, autocast_dtype, native_bfloat16
+from apexrl.learner.training import Learner
 from apexrl.replay.client import ReplayClient, SampledBatch, insert_request
 from tests.conftest import in_process_replay, metric, wait_for
 

@@ -80,8 +80,12 @@ class IMPALABuilder(OnPolicyBuilder):
             presets["impala"] = {"passes": 1}
         if env_id == "Acrobot-v1":
             presets["learner"]["max_grad_norm"] = 0.5
-            presets["impala"] = {"passes": 20, "gae_lambda": 0.8, "normalize_advantages": True,
-                                 "entropy_cost": 0.0}  # fmt: skip
+            presets["impala"] = {
+                "passes": 20,
+                "gae_lambda": 0.8,
+                "normalize_advantages": True,
+                "entropy_cost": 0.0,
+            }
         return presets
 
     def check(self) -> None:

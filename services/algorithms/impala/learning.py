@@ -29,9 +29,17 @@ class IMPALALearning(UnrollLearning):
             if i:
                 logits, values, _ = self.forward(batch)
             loss, figures = impala_loss(
-                logits, actions, values, targets, config.value_cost, config.entropy_cost,
-                start, clip, config.normalize_advantages, distribution=distribution,
-            )  # fmt: skip
+                logits,
+                actions,
+                values,
+                targets,
+                config.value_cost,
+                config.entropy_cost,
+                start,
+                clip,
+                config.normalize_advantages,
+                distribution=distribution,
+            )
             extra, extra_figures = self.auxiliary(batch)
             figures |= extra_figures | {"loss": (loss + extra).detach()}
             self.step(loss + extra)

@@ -41,13 +41,20 @@ class PPOLearning(UnrollLearning):
             for index in torch.randperm(n, device=obs.device).chunk(config.minibatches):
                 logits, new_values = self.net(flat["obs"][index])
                 loss, figures = ppo_loss(
-                    logits, flat["actions"][index], flat["log_probs"][index],
-                    flat["advantages"][index], new_values, flat["returns"][index],
-                    clip_range=clip, vf_coef=config.value_cost, ent_coef=config.entropy_cost,
+                    logits,
+                    flat["actions"][index],
+                    flat["log_probs"][index],
+                    flat["advantages"][index],
+                    new_values,
+                    flat["returns"][index],
+                    clip_range=clip,
+                    vf_coef=config.value_cost,
+                    ent_coef=config.entropy_cost,
                     normalize_advantages=config.normalize_advantages,
                     old_logits=flat["old_logits"][index] if penalized else None,
-                    kl_coef=self.kl_coef, distribution=distribution,
-                )  # fmt: skip
+                    kl_coef=self.kl_coef,
+                    distribution=distribution,
+                )
                 too_far = penalized and float(figures["kl"]) > 4 * config.kl_target
                 if too_far:  # this policy is far from the batch's already: no more steps
                     break
