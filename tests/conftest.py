@@ -344,10 +344,11 @@ def serve_learner(tmp_path, store, arrays: dict, config, **settings_) -> Iterato
     """The real LearnerServicer behind `serve`, in a thread, without a training loop: the test
     publishes into `store`; best-model reports must match `arrays`. Yields (address, servicer)."""
     from apexrl import algorithms  # imports torch
+    from apexrl.common.long_poll import add_learner_service
     from apexrl.common.serving import Service
     from apexrl.learner.best import BestModel
     from apexrl.learner.leases import Leases
-    from apexrl.learner.servicer import LearnerServicer, add_to_server
+    from apexrl.learner.servicer import LearnerServicer
     from apexrl.v1 import learner_pb2
 
     registry = prometheus_client.CollectorRegistry()
@@ -356,7 +357,7 @@ def serve_learner(tmp_path, store, arrays: dict, config, **settings_) -> Iterato
     servicer = LearnerServicer(store, Leases(30.0), gauge, best, algorithms.make(config))
 
     def register(server) -> list[str]:
-        add_to_server(servicer, server)
+        add_learner_service(servicer, server)
         return [learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name]
 
     with serve_in_thread(tmp_path, Service(register=register), registry, **settings_) as address:

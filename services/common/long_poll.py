@@ -1,6 +1,7 @@
-"""Long polls on a ParameterStore (GetParameters with wait_seconds), shared by the learner's
-and the parameter relay's servicers: a poll returns when a version newer than the caller's is
-published, after its wait, just before its deadline, or at shutdown.
+"""What the learner's and the parameter relay's servicers share: long polls on a
+ParameterStore (GetParameters with wait_seconds), which return when a version newer than the
+caller's is published, after their wait, just before their deadline, or at shutdown; and the
+Learner service's registration, with GetParameters's answers already serialized.
 
 The store publishes from another thread (the learner's training, the relay's upstream pull);
 each publish wakes, on the servicer's asyncio loop, every poll waiting on it.
@@ -9,7 +10,10 @@ each publish wakes, on the servicer's asyncio loop, every poll waiting on it.
 import asyncio
 import contextlib
 
+import grpc
+
 from apexrl.common.parameters import ParameterStore
+from apexrl.v1 import learner_pb2
 
 
 class LongPolls:
@@ -62,3 +66,32 @@ class LongPolls:
                 await asyncio.wait_for(published.wait(), wait)
         finally:
             self.waiting -= 1
+
+
+def add_learner_service(servicer, server: grpc.aio.Server) -> None:
+    """Registers the Learner service of `servicer` (the learner's or a relay's) as
+    learner_pb2_grpc.add_LearnerServicer_to_server does, but with GetParameters's answers
+    passed through as the bytes it returns (ParameterStore.serialize: encoded once)."""
+    messages = {
+        "ReportEvaluation": (
+            learner_pb2.ReportEvaluationRequest,
+            learner_pb2.ReportEvaluationResponse,
+        ),
+        "SetSetting": (learner_pb2.SetSettingRequest, learner_pb2.SetSettingResponse),
+    }
+    handlers = {
+        "GetParameters": grpc.unary_unary_rpc_method_handler(
+            servicer.GetParameters,
+            request_deserializer=learner_pb2.GetParametersRequest.FromString,
+            response_serializer=None,  # bytes from ParameterStore.serialize
+        ),
+    }
+    for method, (request, response) in messages.items():
+        handlers[method] = grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, method),
+            request_deserializer=request.FromString,
+            response_serializer=response.SerializeToString,
+        )
+    name = learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)

@@ -15,6 +15,7 @@ import threading
 import prometheus_client
 
 from apexrl import algorithms
+from apexrl.common.long_poll import add_learner_service
 from apexrl.common.parameters import ParameterStore
 from apexrl.common.serving import Service
 from apexrl.config import LearnerConfig
@@ -22,7 +23,7 @@ from apexrl.learner.best import BestModel
 from apexrl.learner.leases import Leases
 from apexrl.learner.live_file import LiveFile
 from apexrl.learner.metrics import LearnerMetrics
-from apexrl.learner.servicer import LearnerServicer, add_to_server
+from apexrl.learner.servicer import LearnerServicer
 from apexrl.learner.training import Learner
 from apexrl.replay.sharded import connect
 from apexrl.v1 import learner_pb2
@@ -44,8 +45,14 @@ def build(
     servicer = LearnerServicer(
         store, leases, metrics.live_actors, best, algorithm, metrics.parameter_bytes_sent, learner
     )
-    replay = connect(config.replay, table=learner.dataset.table, timeout=30.0,
-                     retry_seconds=None, tls=config, stop=learner.stop)  # fmt: skip
+    replay = connect(
+        config.replay,
+        table=learner.dataset.table,
+        timeout=30.0,
+        retry_seconds=None,
+        tls=config,
+        stop=learner.stop,
+    )
 
     def train() -> None:
         try:
@@ -68,7 +75,7 @@ def build(
         )
 
     def register(server) -> list[str]:
-        add_to_server(servicer, server)
+        add_learner_service(servicer, server)
         return [learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name]
 
     async def start_training() -> None:

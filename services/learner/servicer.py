@@ -2,7 +2,8 @@
 changes of settings (SetSetting: learner/scheduled.py).
 
 GetParameters answers with bytes serialized by the ParameterStore (each version's parameters
-encoded once, at publish): `add_to_server` registers it with no response serializer."""
+encoded once, at publish): `long_poll.add_learner_service` registers it with no response
+serializer."""
 
 import asyncio
 import math
@@ -94,28 +95,3 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         return learner_pb2.SetSettingResponse(
             previous=previous, update_step=self.learner.update_step
         )
-
-
-def add_to_server(servicer: LearnerServicer, server: grpc.aio.Server) -> None:
-    """Registers `servicer` as learner_pb2_grpc.add_LearnerServicer_to_server does, but with
-    GetParameters's answers passed through as the bytes it returns (already serialized)."""
-    handlers = {
-        "GetParameters": grpc.unary_unary_rpc_method_handler(
-            servicer.GetParameters,
-            request_deserializer=learner_pb2.GetParametersRequest.FromString,
-            response_serializer=None,  # bytes from ParameterStore.serialize
-        ),
-        "ReportEvaluation": grpc.unary_unary_rpc_method_handler(
-            servicer.ReportEvaluation,
-            request_deserializer=learner_pb2.ReportEvaluationRequest.FromString,
-            response_serializer=learner_pb2.ReportEvaluationResponse.SerializeToString,
-        ),
-        "SetSetting": grpc.unary_unary_rpc_method_handler(
-            servicer.SetSetting,
-            request_deserializer=learner_pb2.SetSettingRequest.FromString,
-            response_serializer=learner_pb2.SetSettingResponse.SerializeToString,
-        ),
-    }
-    name = learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
-    server.add_registered_method_handlers(name, handlers)

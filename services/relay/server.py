@@ -9,12 +9,13 @@ import asyncio
 
 import prometheus_client
 
+from apexrl.common.long_poll import add_learner_service
 from apexrl.common.parameters import ParameterStore
 from apexrl.common.serving import Service
 from apexrl.config import RelayConfig
 from apexrl.relay.metrics import RelayMetrics
 from apexrl.relay.path import RelayPath
-from apexrl.relay.servicer import RelayServicer, add_to_server
+from apexrl.relay.servicer import RelayServicer
 from apexrl.relay.upstream import Upstream
 from apexrl.v1 import learner_pb2
 
@@ -39,7 +40,7 @@ class Relay:
 
     def service(self) -> Service:
         def register(server) -> list[str]:
-            add_to_server(self.servicer, server)
+            add_learner_service(self.servicer, server)
             return [learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name]
 
         async def start() -> None:

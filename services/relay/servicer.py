@@ -68,22 +68,7 @@ class RelayServicer(learner_pb2_grpc.LearnerServicer):
             "ReportEvaluation", "a parameter relay keeps no best model: report to the learner"
         )
 
-
-def add_to_server(servicer: RelayServicer, server: grpc.aio.Server) -> None:
-    """Registers the Learner service with GetParameters's answers passed through as the bytes
-    the store serialized (as the learner's add_to_server)."""
-    handlers = {
-        "GetParameters": grpc.unary_unary_rpc_method_handler(
-            servicer.GetParameters,
-            request_deserializer=learner_pb2.GetParametersRequest.FromString,
-            response_serializer=None,  # bytes from ParameterStore.serialize
-        ),
-        "ReportEvaluation": grpc.unary_unary_rpc_method_handler(
-            servicer.ReportEvaluation,
-            request_deserializer=learner_pb2.ReportEvaluationRequest.FromString,
-            response_serializer=learner_pb2.ReportEvaluationResponse.SerializeToString,
-        ),
-    }
-    name = learner_pb2.DESCRIPTOR.services_by_name["Learner"].full_name
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
-    server.add_registered_method_handlers(name, handlers)
+    async def SetSetting(self, request, context):
+        raise FailedPrecondition(
+            "name", "a parameter relay has no training settings: send the change to the learner"
+        )

@@ -128,6 +128,11 @@ def test_the_relay_serves_the_learners_bytes_lineage_and_change_sets(tmp_path, m
             raw(address, actor_id="a", lease_only=True)
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "lease_only" in refused.value.details()
+        with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+            change = learner_pb2.SetSettingRequest(name="learning_rate", value=1e-4)
+            learner_pb2_grpc.LearnerStub(channel).SetSetting(change, timeout=10)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "send the change to the learner" in refused.value.details()
         assert metric(metrics_port, "apexrl_relay_versions_pulled_total") == 3
         assert metric(metrics_port, "apexrl_relay_parameter_bytes_served_total") > 0
         assert metric(metrics_port, "apexrl_relay_pull_seconds_count") == 3
