@@ -117,6 +117,8 @@ class OnPolicyBuilder(Builder):
             )
         if not self.settings.optimizer_eps > 0:
             raise ValueError(f"optimizer_eps: must be > 0, got {self.settings.optimizer_eps}")
+        if self.settings.capacity < 1:
+            raise ValueError(f"capacity: must be >= 1, got {self.settings.capacity}")
         for name in ("entropy_cost", "value_cost"):
             if not getattr(self.settings, name) >= 0:  # NaN fails too
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self.settings, name)}")

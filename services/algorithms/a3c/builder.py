@@ -130,15 +130,10 @@ class A3CBuilder(OnPolicyBuilder):
         return presets
 
     def check(self) -> None:
-        super().check()  # the action space, unroll_length (columns()) and the optimizer
+        super().check()  # action space, unroll_length, optimizer, costs, capacity
         s = self.settings
         if s.max_staleness < 0:
             raise ValueError(f"max_staleness: must be >= 0, got {s.max_staleness}")
-        if s.capacity < 1:
-            raise ValueError(f"capacity: must be >= 1, got {s.capacity}")
-        for name in ("value_cost", "entropy_cost"):
-            if not getattr(s, name) >= 0:  # NaN fails too
-                raise ValueError(f"{name}: must be >= 0, got {getattr(s, name)}")
 
     def check_policy(self) -> None:
         """A softmax on Discrete actions, a Gaussian on 1-D Box ones; no normalizers."""

@@ -68,15 +68,10 @@ class REINFORCEBuilder(OnPolicyBuilder):
         return cls.small_machine(env_id, {"batch_size": 16})
 
     def check(self) -> None:
-        super().check()  # the action space, max_episode_steps (columns()) and the optimizer
+        super().check()  # action space, max_episode_steps, optimizer, costs, capacity
         s = self.settings
         if s.baseline not in BASELINES:
             raise ValueError(f"baseline: must be one of {', '.join(BASELINES)}, got {s.baseline!r}")
-        if s.capacity < 1:
-            raise ValueError(f"capacity: must be >= 1, got {s.capacity}")
-        for name in ("value_cost", "entropy_cost"):
-            if not getattr(s, name) >= 0:  # NaN fails too
-                raise ValueError(f"{name}: must be >= 0, got {getattr(s, name)}")
 
     def check_policy(self) -> None:
         """A softmax policy only, without normalizers: columns() refuses Box actions."""
