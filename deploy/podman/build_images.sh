@@ -81,7 +81,7 @@ for target in $targets; do
   extra=()
   if [ "$target" = learner ]; then
     tag="apexrl/learner:$version-cpu"
-    extra=(--build-arg TORCH_VARIANT=cpu)
+    extra=(--build-arg LEARNER_TORCH=cpu)
   fi
   record="$cache/$target.built"
   id=$(podman image inspect "$tag" --format '{{.Id}}' 2>/dev/null || true)

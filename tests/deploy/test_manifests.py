@@ -967,7 +967,12 @@ def test_dockerfile_replay_has_no_torch_and_learner_can_be_cpu():
     assert "CPU_TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in " ".join(
         stages[source["actor"]]
     )
-    learner_build = " ".join(stages[source["learner"]])
+    # The learner's environment is a stage LEARNER_TORCH picks: CUDA torch by default, or the
+    # actor's CPU environment, built once.
+    assert stages[source["learner"]][0].startswith("FROM ${LEARNER_TORCH}-torch-build AS ")
+    assert "ARG LEARNER_TORCH=cuda" in stages[""]
+    assert source["actor"] == "cpu-torch-build"
+    learner_build = " ".join(stages["cuda-torch-build"])
     assert "ARG TORCH_VARIANT=cu" in learner_build
     assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/${TORCH_VARIANT}" in learner_build
 
