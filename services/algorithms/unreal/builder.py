@@ -78,6 +78,8 @@ class UNREALBuilder(IMPALABuilder):
         """impala's, under [unreal]; pixel control off but on Atari (it needs frames)."""
         presets = super().presets(env_id)
         presets["unreal"] = presets.pop("impala")
+        # impala's reward scaling is measured without the auxiliary tasks, which read rewards.
+        presets["unreal"].pop("normalize_rewards", None)
         if not is_atari(env_id):
             presets["unreal"]["pc_lambda"] = 0.0
         return presets
