@@ -1,20 +1,20 @@
 """The actor: the algorithm's behaviour policy on a local copy of its parameters, the items its
-adder makes, with initial priorities, to replay.
+adders make, with initial priorities, to replay.
 
 Stateless: every actor process is configured the same; its exploration parameter (whatever
 the algorithm calls it) comes from the lease the learner hands out with parameters (see
 protos/apexrl/v1/learner.proto). It never blocks on the network: parameters are pulled by a
-background thread, and inserts go through a bounded buffer drained by another thread that
-reconnects forever (the oldest items are dropped and counted when the buffer is full).
+background thread, and each adder's inserts go through a bounded buffer drained by another
+thread that reconnects forever (the oldest items are dropped and counted when the buffer is
+full): actor/outlets.py, one path for every adder.
 
-    envs → policy.step (batched) → adder → policy.priorities → buffer → replay
+    envs → policy.step (batched) → each outlet: adder → priorities → buffer → replay
 
 When parameters change follows the algorithm (Builder.parameter_sync): every `pull_interval`
 env steps, or after each item the adder completes (taken only where the adder allows, so an
 item is one version's), optionally waiting for a version newer than the last item's.
 """
 
-import collections
 import logging
 import math
 import threading
@@ -25,30 +25,23 @@ import numpy as np
 import prometheus_client
 
 from apexrl import algorithms
+from apexrl.actor.outlets import InsertBuffer, Outlet
 from apexrl.actor.parameters import ParameterPuller
 from apexrl.algorithms.base import Step
-from apexrl.algorithms.columns import pack
 from apexrl.algorithms.envs import (
     RETURN_BUCKETS,
     EnvOptions,
     final_observations,
     make_vector_env,
 )
-from apexrl.common import codec
-from apexrl.common.backoff import Backoff
-from apexrl.common.client import short_error
-from apexrl.common.codec import Packed
 from apexrl.common.learner_client import LearnerClient, Parameters
-from apexrl.common.memory import off_heap, release_free_memory
 from apexrl.config import ActorConfig
-from apexrl.replay.client import Replay
 from apexrl.replay.sharded import connect
 from apexrl.schedules import Schedule
 
 log = logging.getLogger(__name__)
 
 LENGTH_BUCKETS = (10, 25, 50, 100, 200, 500, 1000, 5000, 10000, 30000)
-HELD_CHUNK_BYTES = 256 * 1024  # an outage's batches are held merged up to this size
 # At a stop, what is buffered gets this long to land. A replay that takes inserts answers in
 # milliseconds; one whose rate limiter holds them (a learner sampling slower than the actor
 # inserts) would hold the stop for as long as the learner takes: those batches are dropped.
@@ -118,121 +111,6 @@ class ActorMetrics:
         )
 
 
-class InsertBuffer:
-    """Bounded FIFO of transition batches, drained into replay by a thread that never gives up.
-
-    While replay is reachable, `put` applies backpressure: it waits until at most
-    `in_flight` batches are queued, so a replay rate limiter slows the actor down instead of
-    the actor racing ahead. While replay is unreachable, `put` never waits: the buffer
-    grows to `limit` transitions, then drops the oldest and counts them.
-    """
-
-    def __init__(
-        self,
-        replay: Replay,
-        limit: int,
-        metrics: ActorMetrics,
-        stop: threading.Event,
-        in_flight: int = 2,
-    ):
-        self.replay, self.limit, self.metrics, self.stop = replay, limit, metrics, stop
-        self.in_flight = in_flight
-        self._batches: collections.deque = collections.deque()
-        self._count = 0
-        self._cond = threading.Condition()
-        self._closing = False
-        self._outage = False
-        self._backlog = False  # batches were held for an outage and not all landed yet
-        self._thread = threading.Thread(target=self._drain, name="insert", daemon=True)
-        self._thread.start()
-
-    def put(self, columns: dict[str, np.ndarray], priorities: np.ndarray) -> None:
-        with self._cond:
-            while not self._cond.wait_for(
-                lambda: self._outage or len(self._batches) < self.in_flight, timeout=0.05
-            ):  # the stop is set by this thread's own signal handler: it cannot notify
-                if self.stop.is_set():
-                    break
-            if self._outage:
-                self._hold(columns, priorities)
-            else:
-                self._batches.append((columns, priorities))
-            self._count += len(priorities)
-            while self._count > self.limit and len(self._batches) > 1:
-                _, dropped = self._batches.popleft()
-                self._count -= len(dropped)
-                self.metrics.dropped.inc(len(dropped))
-            self.metrics.buffered.set(self._count)
-            self._cond.notify_all()
-
-    def _hold(self, columns: dict[str, np.ndarray], priorities: np.ndarray) -> None:
-        """Holds a batch while replay is away, merged with the newest held one up to
-        HELD_CHUNK_BYTES, in memory of its own (memory.off_heap): thousands of small batches
-        in malloc's heap and Python's object pools, between what the actor allocates
-        meanwhile, would stay in its RSS after they have landed
-        (docs/experiments/soak.md#what-changed-for-the-actors)."""
-        newest = self._batches[-1] if len(self._batches) > 1 else None  # [0] may be in flight
-        # Chunks of at most a 16th of the limit: dropping the oldest, should it be the one on
-        # its way (it may land), costs no more than that.
-        items = len(priorities) + (len(newest[1]) if newest else 0)
-        if (
-            newest
-            and items <= self.limit // 16
-            and codec.nbytes(newest[0]) + codec.nbytes(columns) <= HELD_CHUNK_BYTES
-        ):
-            self._batches.pop()
-            columns = codec.concat([newest[0], columns])
-            priorities = np.concatenate([newest[1], priorities])
-        self._batches.append(off_heap(columns, priorities))
-
-    def _drain(self) -> None:
-        backoff = Backoff()
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: self._batches or self._closing)
-                if not self._batches:
-                    return
-                columns, priorities = self._batches[0]
-            try:
-                self.replay.insert(columns, priorities)
-            except Exception as err:  # replay away or refusing: keep the batch, retry later
-                if self._closing:
-                    return
-                delay = backoff.next_delay()
-                log.warning("insert failed (%s); retrying in %.2f s", short_error(err), delay)
-                with self._cond:
-                    self._outage = self._backlog = True
-                    self._cond.notify_all()
-                    self._cond.wait(delay)
-                continue
-            backoff.reset()
-            with self._cond:
-                self._outage = False
-                if self._batches and self._batches[0][1] is priorities:
-                    self._batches.popleft()
-                    self._count -= len(priorities)
-                self.metrics.buffered.set(self._count)
-                drained = self._backlog and not self._batches
-                self._backlog &= not drained
-                self._cond.notify_all()
-            self.metrics.inserted.inc(len(priorities))
-            if drained:  # the backlog's memory goes back to the OS, not to the RSS high-water
-                release_free_memory()
-
-    def close(self, flush_seconds: float) -> None:
-        """Gives the buffer up to flush_seconds to drain, then stops the thread; with the
-        replay away it does not wait (nothing would land: a stop would only take longer)."""
-        deadline = time.monotonic() + flush_seconds
-        with self._cond:
-            self._cond.wait_for(
-                lambda: not self._batches or self._outage, max(0.0, deadline - time.monotonic())
-            )
-            self._closing = True
-            self._cond.notify_all()
-        self.replay.close()
-        self._thread.join(5)
-
-
 def relay_addresses(setting: str) -> list[str]:
     """The `parameters` setting's relay addresses, in order."""
     return [address.strip() for address in setting.split(",") if address.strip()]
@@ -261,7 +139,7 @@ def run(
 
 
 class Actor:
-    """One actor process's envs, policy, adder and its two helper threads."""
+    """One actor process's envs, policy, outlets (one per adder) and the parameter puller."""
 
     def __init__(self, config: ActorConfig, metrics: ActorMetrics, stop: threading.Event):
         self.config, self.metrics, self.stop = config, metrics, stop
@@ -273,22 +151,9 @@ class Actor:
         self.sync = builder.parameter_sync
         self.policy = builder.policy()
         algorithms.set_torch_threads(config.threads)
-        # The first adder paces the actor; the others fill their own tables from the same steps.
-        self.adder, *others = builder.adders(config.num_envs, self.policy)
-        self.columns = builder.table_columns(self.adder.table)
-        options = EnvOptions.of(config)
-        self.envs, self.obs = make_vector_env(config.env, config.num_envs, seed % 2**31, options)
-        self.policy.episode_starts(np.ones(config.num_envs, bool))
-        replay = connect(
-            config.replay,
-            table=self.adder.table,
-            timeout=30.0,
-            retry_seconds=1.0,
-            tls=config,
-            stop=stop,
-        )
-        self.buffer = InsertBuffer(replay, config.buffer_limit, metrics, stop)
-        self.others = [
+        # Every adder has its outlet and fills its table from the same steps; the first one
+        # paces the actor (its items are the ones parameter changes wait for).
+        self.outlets = [
             Outlet(
                 adder,
                 builder.table_columns(adder.table),
@@ -305,9 +170,14 @@ class Actor:
                     metrics,
                     stop,
                 ),
+                config.insert_batch,
+                config.priority_epsilon,
             )
-            for adder in others
+            for adder in builder.adders(config.num_envs, self.policy)
         ]
+        options = EnvOptions.of(config)
+        self.envs, self.obs = make_vector_env(config.env, config.num_envs, seed % 2**31, options)
+        self.policy.episode_starts(np.ones(config.num_envs, bool))
         # Tries at most 0.1 s apart: an actor that starts before the learner serves (local mode
         # starts every process at once) slept up to 0.6 s past the moment it could have begun.
         learner = LearnerClient(
@@ -328,8 +198,7 @@ class Actor:
         )
         self.exploration, self.version, self.have_weights = 0.0, 0, False
         self.acted, self.waiting = 0, 0.0  # the version of the last item; since when it waits
-        self.pending: list[dict[str, np.ndarray]] = []
-        self.pending_count = self.steps_since_pull = self.steps = 0
+        self.steps_since_pull = self.steps = 0
         self.lives = None  # Atari lives, for life_loss_terminal
         self.returns = np.zeros(config.num_envs)
         self.lengths = np.zeros(config.num_envs, np.int64)
@@ -365,7 +234,7 @@ class Actor:
 
     @property
     def at_boundary(self) -> bool:
-        return self.adder.at_boundary and all(o.adder.at_boundary for o in self.others)
+        return all(outlet.adder.at_boundary for outlet in self.outlets)
 
     def take(self, params: Parameters) -> None:
         if params.algorithm != self.builder.name:  # acting on them would be nonsense
@@ -406,23 +275,16 @@ class Actor:
             final_obs,
             self.version,
         )
-        items = self.adder.add(step)
-        for outlet in self.others:
-            outlet.add(step, self.policy, config, self.metrics)
+        completed = [outlet.add(step) for outlet in self.outlets]
         self.obs = next_obs
         if done.any():  # SAME_STEP autoreset: next_obs begins their new episodes
             self.policy.episode_starts(done)
         self.count(rewards, done)
-        if items is not None:
-            self.pending.append(items)
-            self.pending_count += len(next(iter(items.values())))
-            if not self.sync.periodic:  # new parameters for the next item
-                self.acted = self.version
-                self.puller.request(self.sync.wait_seconds if self.sync.newer_each_item else 0)
-        if self.pending_count >= config.insert_batch or (
-            self.adder.insert_at_once and self.pending
-        ):
-            self.insert()
+        if completed[0] and not self.sync.periodic:  # new parameters for the next item
+            self.acted = self.version
+            self.puller.request(self.sync.wait_seconds if self.sync.newer_each_item else 0)
+        for outlet in self.outlets:
+            outlet.flush_if_due(self.policy, self.metrics)
         self.steps_since_pull += config.num_envs
         self.steps += config.num_envs
         if self.sync.periodic and self.steps_since_pull >= config.pull_interval:
@@ -442,50 +304,8 @@ class Actor:
             m.first_step.set(time.time())
         m.env_steps.inc(self.config.num_envs)
 
-    def insert(self) -> None:
-        insert(
-            self.pending,
-            self.adder,
-            self.policy,
-            self.columns,
-            self.buffer,
-            self.config,
-            self.metrics,
-        )
-        self.pending, self.pending_count = [], 0
-
     def close(self) -> None:
         self.puller.close()
-        for buffer in [self.buffer, *(outlet.buffer for outlet in self.others)]:
-            buffer.close(flush_seconds=STOP_FLUSH_SECONDS)
+        for outlet in self.outlets:
+            outlet.buffer.close(flush_seconds=STOP_FLUSH_SECONDS)
         self.envs.close()
-
-
-def insert(pending, adder, policy, columns, buffer: InsertBuffer, config, metrics) -> None:
-    """The adder's pending items to its buffer: one batch, initial priorities, packed."""
-    batch = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
-    priorities = adder.priorities(batch, policy) + config.priority_epsilon
-    packed = pack({k: v for k, v in batch.items() if k not in adder.acting_fields}, columns)
-    for value in packed.values():
-        if isinstance(value, Packed):
-            metrics.frame_raw_bytes.inc(len(value) * value.item_nbytes)
-            metrics.frame_compressed_bytes.inc(int(value.sizes.sum()))
-    buffer.put(packed, priorities)
-
-
-class Outlet:
-    """An adder besides the actor's first: its items, its table's columns, its insert buffer."""
-
-    def __init__(self, adder, columns, buffer: InsertBuffer):
-        self.adder, self.columns, self.buffer = adder, columns, buffer
-        self.pending: list[dict[str, np.ndarray]] = []
-        self.count = 0
-
-    def add(self, step: Step, policy, config: ActorConfig, metrics: ActorMetrics) -> None:
-        items = self.adder.add(step)
-        if items is not None:
-            self.pending.append(items)
-            self.count += len(next(iter(items.values())))
-        if self.pending and (self.adder.insert_at_once or self.count >= config.insert_batch):
-            insert(self.pending, self.adder, policy, self.columns, self.buffer, config, metrics)
-            self.pending, self.count = [], 0

@@ -13,6 +13,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 README_MAX_LINES = 250
+RESULTS = REPO / "docs" / "benchmarks.md"
+RESULTS_MAX_LINES = 500
 
 # Markdown the checks read: the README, docs/, and the READMEs beside the code.
 MARKDOWN = sorted(
@@ -104,6 +106,14 @@ def code_files() -> list[Path]:
             elif path.name in HASH_COMMENTED_NAMES:
                 files.append(path)
     return files
+
+
+def test_results_page_is_short():
+    lines = RESULTS.read_text(encoding="utf-8").count("\n")
+    assert lines <= RESULTS_MAX_LINES, (
+        f"docs/benchmarks.md has {lines} lines, at most {RESULTS_MAX_LINES}: it holds the "
+        "current figures, each with its command; how they were reached goes to docs/experiments/"
+    )
 
 
 def test_readme_is_short():

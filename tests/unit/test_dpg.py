@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from apexrl.algorithms.base import nstep_columns
+from apexrl.algorithms.dpg.acting import DPGPolicy
 from apexrl.algorithms.dpg.builder import DPGBuilder as DPG
 from apexrl.algorithms.dpg.builder import Settings
-from apexrl.algorithms.dpg.learning import POLICY_GRAD_CLIP, DPGLearning, DPGPolicy
+from apexrl.algorithms.dpg.learning import POLICY_GRAD_CLIP, DPGLearning
 from apexrl.algorithms.dpg.losses import critic_loss, critic_targets, policy_loss
 from apexrl.algorithms.dpg.networks import build_actor_critic
 from apexrl.algorithms.envs import EnvSpec

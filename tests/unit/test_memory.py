@@ -14,7 +14,7 @@ import numpy as np
 import prometheus_client
 import pytest
 
-from apexrl.actor import loop
+from apexrl.actor import loop, outlets
 from apexrl.common import codec, memory, tensors
 from tests.conftest import wait_for
 
@@ -96,10 +96,10 @@ def test_an_actor_releases_its_backlog_once_it_has_landed(monkeypatch):
     """Held batches (merged while replay is away) land in order, none twice, then the
     memory is released."""
     released = threading.Event()
-    monkeypatch.setattr(loop, "release_free_memory", released.set)
+    monkeypatch.setattr(outlets, "release_free_memory", released.set)
     metrics = loop.ActorMetrics(prometheus_client.CollectorRegistry(), "epsilon", "")
     replay, stop = FlakyReplay(), threading.Event()
-    buffer = loop.InsertBuffer(replay, 10_000, metrics, stop)
+    buffer = outlets.InsertBuffer(replay, 10_000, metrics, stop)
     batches = iter(range(0, 10**6, 8))
 
     def put():
@@ -132,7 +132,7 @@ def rss():
 """.replace("RSS", RSS)
 OUTAGE = """
 import threading, numpy, prometheus_client
-from apexrl.actor import loop
+from apexrl.actor import loop, outlets
 from apexrl.common.memory import release_free_memory
 class Replay:
     away, landed = True, 0
@@ -144,7 +144,7 @@ class Replay:
         pass
 replay, stop = Replay(), threading.Event()
 metrics = loop.ActorMetrics(prometheus_client.CollectorRegistry(), "epsilon", "")
-buffer = loop.InsertBuffer(replay, 10**7, metrics, stop)
+buffer = outlets.InsertBuffer(replay, 10**7, metrics, stop)
 def batch():
     return {k: numpy.ones((64, 4), numpy.float32) for k in "abcde"}, numpy.ones(64)
 buffer.put(*batch())

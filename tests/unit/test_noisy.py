@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from apexrl.algorithms.dqn.learning import DQNPolicy
+from apexrl.algorithms.dqn.acting import DQNPolicy
 from apexrl.algorithms.dqn.networks import NoisyLinear, build_network, set_noise
 
 

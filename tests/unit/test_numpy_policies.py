@@ -12,7 +12,7 @@ import torch
 
 from apexrl import algorithms
 from apexrl.algorithms.actor_critic import ActorCriticPolicy
-from apexrl.algorithms.dqn.learning import DQNPolicy
+from apexrl.algorithms.dqn.acting import DQNPolicy
 from apexrl.algorithms.networks import state_to_numpy
 from apexrl.algorithms.numpy_policies import MLPActorCriticPolicy, MLPQPolicy
 from apexrl.config import ActorConfig

@@ -71,7 +71,7 @@ class DPGBuilder(OffPolicyBuilder):
         )
 
     def policy(self):
-        from apexrl.algorithms.dpg.learning import DPGPolicy
+        from apexrl.algorithms.dpg.acting import DPGPolicy
 
         return DPGPolicy(self.networks(), self.spec.action_low, self.spec.action_high)
 

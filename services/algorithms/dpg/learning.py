@@ -4,9 +4,8 @@ actors exploring with Gaussian action noise of a per-actor scale."""
 import numpy as np
 import torch
 
-from apexrl.algorithms.base import Learning, Policy, prefixed
+from apexrl.algorithms.base import Learning, prefixed
 from apexrl.algorithms.dpg.losses import critic_loss, policy_loss
-from apexrl.algorithms.dpg.networks import ActorCritic
 from apexrl.algorithms.networks import (
     adam,
     load_numpy_state,
@@ -18,34 +17,6 @@ from apexrl.algorithms.networks import (
 
 # Element-wise bound on the policy's parameter gradients (Ape-X DPG clips them to [-1, 1]).
 POLICY_GRAD_CLIP = 1.0
-
-
-class DPGPolicy(Policy):
-    def __init__(self, nets: ActorCritic, low: np.ndarray, high: np.ndarray):
-        self.nets = nets
-        self.low, self.high = low, high
-
-    def load(self, arrays: dict[str, np.ndarray]) -> None:
-        load_numpy_state(self.nets, arrays)
-
-    def act(self, obs: np.ndarray, exploration: float, rng: np.random.Generator) -> np.ndarray:
-        """pi(obs) plus Gaussian noise of std `exploration` * (high - low) / 2 per dimension,
-        clipped to the bounds; float32 [B, *action_shape]. Exploration 0: pi(obs) itself."""
-        with torch.no_grad():
-            actions = self.nets.policy(torch.from_numpy(obs)).numpy()
-        if exploration > 0:
-            noise = rng.standard_normal(actions.shape) * (exploration * (self.high - self.low) / 2)
-            actions = np.clip(actions + noise, self.low, self.high)
-        return actions.astype(np.float32, copy=False)
-
-    def priorities(self, columns: dict[str, np.ndarray]) -> np.ndarray:
-        """|TD error| with the actor's own policy and critic standing in for the targets."""
-        batch = {name: torch.from_numpy(array) for name, array in columns.items()}
-        policy, critic = self.nets.policy, self.nets.critic
-        with torch.no_grad():
-            weights = torch.ones(len(columns["reward"]))
-            _, td_errors, _ = critic_loss(critic, policy, critic, batch, weights)
-        return td_errors.abs().numpy().astype(np.float32)
 
 
 class DPGLearning(Learning):

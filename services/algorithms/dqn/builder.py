@@ -124,7 +124,7 @@ class DQNBuilder(OffPolicyBuilder):
             from apexrl.algorithms.numpy_policies import MLPQPolicy
 
             return MLPQPolicy(self.spec.num_actions, len(hidden_sizes(self.config.hidden)))
-        from apexrl.algorithms.dqn.learning import DQNPolicy
+        from apexrl.algorithms.dqn.acting import DQNPolicy
 
         return DQNPolicy(self.network())
 

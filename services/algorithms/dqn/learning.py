@@ -1,65 +1,14 @@
-"""Ape-X DQN's policy (epsilon-greedy, or noisy heads) and learning (double DQN, dueling
-network, n-step; expected Q or C51's distribution)."""
+"""Ape-X DQN's learning (double DQN, dueling network, n-step; expected Q or C51's
+distribution); its policy is in acting.py."""
 
 import functools
 
-import numpy as np
 import torch
 
-from apexrl.algorithms.base import Learning, Policy
-from apexrl.algorithms.dqn.losses import c51_loss, dqn_loss
-from apexrl.algorithms.dqn.networks import QNetwork, set_noise
-from apexrl.algorithms.exploration import epsilon_greedy
-from apexrl.algorithms.networks import TargetNetworkLearning, adam, load_numpy_state
-
-
-def loss_of(net: QNetwork):
-    """The loss a network trains with: C51's for a distributional head, else the Huber TD loss;
-    both return (loss, priorities >= 0 [B], Q(obs, action) [B])."""
-    if net.support is not None:
-        return c51_loss
-
-    def huber(online, target, batch, weights):
-        loss, td_errors, q = dqn_loss(online, target, batch, weights)
-        return loss, td_errors.abs(), q
-
-    return huber
-
-
-class DQNPolicy(Policy):
-    """Epsilon-greedy on Q; with noisy heads, an actor's step acts on a new noise sample each
-    step, while `act` (the evaluator, `apexrl eval`) uses the mean weights: no noise."""
-
-    def __init__(self, net: QNetwork):
-        self.net = net
-        self.loss = loss_of(net)
-
-    def load(self, arrays: dict[str, np.ndarray]) -> None:
-        load_numpy_state(self.net, arrays)
-
-    def act(self, obs: np.ndarray, exploration: float, rng: np.random.Generator) -> np.ndarray:
-        """Epsilon-greedy: a uniformly random action with probability `exploration`."""
-        set_noise(self.net, 0.0)
-        return self._epsilon_greedy(obs, exploration, rng)
-
-    def step(self, obs, exploration, rng):
-        set_noise(self.net, 1.0)
-        return self._epsilon_greedy(obs, exploration, rng), {}
-
-    def _epsilon_greedy(self, obs, exploration, rng) -> np.ndarray:
-        with torch.no_grad():
-            greedy = self.net(torch.from_numpy(obs)).argmax(1).numpy()
-        return epsilon_greedy(greedy, exploration, self.net.num_actions, rng)
-
-    def priorities(self, columns: dict[str, np.ndarray]) -> np.ndarray:
-        """The learner's priority (|TD error| or the KL loss) with the actor's own network as
-        both online and target, as in Ape-X."""
-        batch = {name: torch.from_numpy(array) for name, array in columns.items()}
-        with torch.no_grad():
-            _, priorities, _ = self.loss(
-                self.net, self.net, batch, torch.ones(len(columns["action"]))
-            )
-        return priorities.numpy().astype(np.float32)
+from apexrl.algorithms.base import Learning
+from apexrl.algorithms.dqn.losses import loss_of
+from apexrl.algorithms.dqn.networks import set_noise
+from apexrl.algorithms.networks import TargetNetworkLearning, adam
 
 
 class DQNLearning(TargetNetworkLearning, Learning):

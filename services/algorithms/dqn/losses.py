@@ -93,3 +93,16 @@ def c51_loss(
         kl = (m * (m.clamp_min(1e-12).log() - log_p)).sum(dim=1).clamp_min(0.0)
         q = (log_p.exp() * support).sum(dim=1)
     return loss, kl, q
+
+
+def loss_of(net):
+    """The loss a network trains with: C51's for a distributional head, else the Huber TD loss;
+    both return (loss, priorities >= 0 [B], Q(obs, action) [B])."""
+    if net.support is not None:
+        return c51_loss
+
+    def huber(online, target, batch, weights):
+        loss, td_errors, q = dqn_loss(online, target, batch, weights)
+        return loss, td_errors.abs(), q
+
+    return huber

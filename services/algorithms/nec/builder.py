@@ -84,7 +84,7 @@ class NECBuilder(Builder):
         return Stream(TABLE, prioritized=False)
 
     def network(self):
-        from apexrl.algorithms.nec.learning import NECNetwork
+        from apexrl.algorithms.nec.networks import NECNetwork
 
         s, spec = self.settings, self.spec
         dnd = {"capacity": s.dnd_capacity, "neighbours": s.neighbours, "delta": s.delta}
@@ -99,7 +99,7 @@ class NECBuilder(Builder):
         )
 
     def policy(self):
-        from apexrl.algorithms.nec.learning import NECPolicy
+        from apexrl.algorithms.nec.acting import NECPolicy
 
         return NECPolicy(self.network())
 

@@ -1,77 +1,21 @@
-"""Neural Episodic Control's network (an embedding and a DND per action), its epsilon-greedy
-policy and its learning: N-step Q targets written to the DNDs, and the embedding, keys and
-values trained end to end on replayed (obs, action, N-step target)."""
+"""Neural Episodic Control's learning: N-step Q targets written to the DNDs, and the embedding,
+keys and values trained end to end on replayed (obs, action, N-step target). Its network is
+in networks.py, its policy in acting.py."""
 
 from collections import OrderedDict
-from collections.abc import Sequence
 
 import numpy as np
-import numpy.typing as npt
 import torch
-from torch import nn
 
-from apexrl.algorithms.base import Learning, Policy, prefixed
-from apexrl.algorithms.exploration import epsilon_greedy
-from apexrl.algorithms.nec.dnd import DND
+from apexrl.algorithms.base import Learning, prefixed
+from apexrl.algorithms.nec.networks import NECNetwork
 from apexrl.algorithms.networks import (
     adam,
-    build_torso,
     load_numpy_state,
     load_optimizer_state,
     optimizer_state,
     state_to_numpy,
 )
-
-
-class NECNetwork(nn.Module):
-    """obs -> embedding h (the torso, then a linear layer to key_size) -> Q(s, a) = DND_a(h)."""
-
-    def __init__(
-        self,
-        obs_shape: Sequence[int],
-        obs_dtype: npt.DTypeLike,
-        num_actions: int,
-        hidden: Sequence[int],
-        key_size: int,
-        dnd: dict,
-    ):
-        super().__init__()
-        torso = build_torso(obs_shape, obs_dtype, hidden)
-        self.embed = nn.Sequential(torso, nn.Linear(torso.out_dim, key_size))
-        self.dnds = nn.ModuleList(DND(key_size=key_size, **dnd) for _ in range(num_actions))
-        self.num_actions = num_actions
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """Q [B, num_actions]."""
-        h = self.embed(obs)
-        return torch.stack([dnd(h) for dnd in self.dnds], dim=1)
-
-    def q_taken(self, h: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        """Q(s, action) [B] of embeddings h: each item looks up only its action's DND."""
-        q = h.new_zeros(len(h))
-        for a, dnd in enumerate(self.dnds):
-            rows = (action == a).nonzero().squeeze(1)
-            if len(rows):
-                q = q.index_put((rows,), dnd(h[rows]))
-        return q
-
-
-class NECPolicy(Policy):
-    def __init__(self, net: NECNetwork):
-        self.net = net
-
-    def load(self, arrays: dict[str, np.ndarray]) -> None:
-        load_numpy_state(self.net, arrays)
-
-    def act(self, obs: np.ndarray, exploration: float, rng: np.random.Generator) -> np.ndarray:
-        """Epsilon-greedy: a uniformly random action with probability `exploration`."""
-        with torch.no_grad():
-            greedy = self.net(torch.from_numpy(obs)).argmax(1).numpy()
-        return epsilon_greedy(greedy, exploration, self.net.num_actions, rng)
-
-    def priorities(self, columns: dict[str, np.ndarray]) -> np.ndarray:
-        """A uniform table: every item's priority is 1."""
-        return np.ones(len(columns["action"]), np.float32)
 
 
 def item_ids(batch: dict[str, torch.Tensor]) -> list[int]:

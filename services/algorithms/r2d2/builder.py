@@ -176,7 +176,7 @@ class R2D2Builder(Builder):
         )
 
     def policy(self):
-        from apexrl.algorithms.r2d2.learning import R2D2Policy
+        from apexrl.algorithms.r2d2.acting import R2D2Policy
 
         return R2D2Policy(self.network(), self.settings)
 

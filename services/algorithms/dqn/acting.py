@@ -1,0 +1,46 @@
+"""Ape-X DQN's policy: epsilon-greedy on Q, or noisy heads."""
+
+import numpy as np
+import torch
+
+from apexrl.algorithms.base import Policy
+from apexrl.algorithms.dqn.losses import loss_of
+from apexrl.algorithms.dqn.networks import QNetwork, set_noise
+from apexrl.algorithms.exploration import epsilon_greedy
+from apexrl.algorithms.networks import load_numpy_state
+
+
+class DQNPolicy(Policy):
+    """Epsilon-greedy on Q; with noisy heads, an actor's step acts on a new noise sample each
+    step, while `act` (the evaluator, `apexrl eval`) uses the mean weights: no noise."""
+
+    def __init__(self, net: QNetwork):
+        self.net = net
+        self.loss = loss_of(net)
+
+    def load(self, arrays: dict[str, np.ndarray]) -> None:
+        load_numpy_state(self.net, arrays)
+
+    def act(self, obs: np.ndarray, exploration: float, rng: np.random.Generator) -> np.ndarray:
+        """Epsilon-greedy: a uniformly random action with probability `exploration`."""
+        set_noise(self.net, 0.0)
+        return self._epsilon_greedy(obs, exploration, rng)
+
+    def step(self, obs, exploration, rng):
+        set_noise(self.net, 1.0)
+        return self._epsilon_greedy(obs, exploration, rng), {}
+
+    def _epsilon_greedy(self, obs, exploration, rng) -> np.ndarray:
+        with torch.no_grad():
+            greedy = self.net(torch.from_numpy(obs)).argmax(1).numpy()
+        return epsilon_greedy(greedy, exploration, self.net.num_actions, rng)
+
+    def priorities(self, columns: dict[str, np.ndarray]) -> np.ndarray:
+        """The learner's priority (|TD error| or the KL loss) with the actor's own network as
+        both online and target, as in Ape-X."""
+        batch = {name: torch.from_numpy(array) for name, array in columns.items()}
+        with torch.no_grad():
+            _, priorities, _ = self.loss(
+                self.net, self.net, batch, torch.ones(len(columns["action"]))
+            )
+        return priorities.numpy().astype(np.float32)
