@@ -14,21 +14,20 @@ import torch
 
 from apexrl import algorithms
 from apexrl.algorithms.a3c.builder import Settings
-from apexrl.algorithms.evaluation import evaluate
 from apexrl.common.learner_client import LearnerClient
 from apexrl.common.parameters import ParameterStore
 from apexrl.config import AgentConfig, LearnerConfig
 from apexrl.learner.metrics import LearnerMetrics
 from apexrl.learner.training import Learner
-from apexrl.local.settings import dump_toml, replay_tables
+from apexrl.local.settings import replay_tables
 from apexrl.replay.client import ReplayClient
 from tests.conftest import metrics, wait_for
+from tests.integration.queue_agents import config_file, sampled_return
 
 AGENT = AgentConfig(algorithm="a3c", env="CartPole-v1")
 # The mean return of 10 episodes of the sampled policy (what A3C improves): near 22 for the
 # untrained network's near-uniform one.
 GOOD = 200.0
-SEEDS = 1_000  # the episodes' first seed
 
 
 def gradient_items(builder, versions: list[int], seed: int) -> dict[str, np.ndarray]:
@@ -79,25 +78,8 @@ def test_the_learner_applies_fresh_gradients_and_drops_and_counts_stale_ones(rep
     assert sample("stale_items_dropped_total") == 2 and sample("samples_consumed_total") == 3
 
 
-def config_file(tmp_path) -> str:
-    """What local mode writes: the agent's settings and the builder's queue table."""
-    path = tmp_path / "apexrl.toml"
-    data = {
-        "algorithm": AGENT.algorithm,
-        "env": AGENT.env,
-        "replay": {"tables": replay_tables(AGENT, 1)},
-    }
-    path.write_text(dump_toml(data))
-    return str(path)
-
-
-def sampled_return(policy, arrays) -> float:
-    policy.load(arrays)
-    return float(evaluate(policy, AGENT.env, 10, SEEDS, exploration=1.0).mean())
-
-
 def test_a3c_learns_cartpole_from_the_gradients_of_two_actors(service_process, tmp_path):
-    config = config_file(tmp_path)
+    config = config_file(tmp_path, AGENT)
     replay = service_process("replay", "--config", config)
     flags = ("--config", config, "--replay", replay.address)
     learner = service_process("learner", *flags, "--learning-rate", "2e-3")
@@ -107,12 +89,12 @@ def test_a3c_learns_cartpole_from_the_gradients_of_two_actors(service_process, t
     policy = algorithms.make(AGENT).policy()
     started = time.monotonic()
     with LearnerClient(learner.address) as client:
-        untrained = sampled_return(policy, client.get_parameters(0).arrays)
+        untrained = sampled_return(policy, client.get_parameters(0).arrays, AGENT.env)
         score, version = untrained, 0
         while score < GOOD and time.monotonic() - started < 60:
             params = client.get_parameters(version, wait_seconds=1.0)
             if params.arrays:
-                score, version = sampled_return(policy, params.arrays), params.version
+                score, version = sampled_return(policy, params.arrays, AGENT.env), params.version
     seconds = time.monotonic() - started
     print(
         f"A3C: the sampled policy's mean return {score:.1f} at version {version},"
@@ -159,7 +141,7 @@ def test_a_negative_max_staleness_stops_the_learner_at_start_up_naming_it(tmp_pa
             "apexrl.cli",
             "learner",
             "--config",
-            config_file(tmp_path),
+            config_file(tmp_path, AGENT),
             "--max-staleness",
             "-1",
             "--replay",

@@ -7,39 +7,20 @@ import sys
 import time
 
 from apexrl import algorithms
-from apexrl.algorithms.evaluation import evaluate
 from apexrl.common.learner_client import LearnerClient
 from apexrl.config import AgentConfig
-from apexrl.local.settings import dump_toml, replay_tables
 from tests.conftest import metrics
+from tests.integration.queue_agents import config_file, sampled_return
 
 AGENT = AgentConfig(algorithm="reinforce", env="CartPole-v1")
 # The mean return of 10 episodes of the sampled policy (what REINFORCE improves): near 22 for
 # the untrained network's near-uniform one. Its greedy policy is no measure of training: an
 # untrained network's argmax, a linear-looking policy of the state, scored 340 once.
 GOOD = 200.0
-SEEDS = 1_000  # the episodes' first seed
-
-
-def config_file(tmp_path):
-    """What local mode writes: the agent's settings and the builder's queue table."""
-    path = tmp_path / "apexrl.toml"
-    data = {
-        "algorithm": AGENT.algorithm,
-        "env": AGENT.env,
-        "replay": {"tables": replay_tables(AGENT, 1)},
-    }
-    path.write_text(dump_toml(data))
-    return str(path)
-
-
-def sampled_return(policy, arrays) -> float:
-    policy.load(arrays)
-    return float(evaluate(policy, AGENT.env, 10, SEEDS, exploration=1.0).mean())
 
 
 def test_reinforce_learns_cartpole_from_whole_episodes(service_process, tmp_path):
-    config = config_file(tmp_path)
+    config = config_file(tmp_path, AGENT)
     replay = service_process("replay", "--config", config)
     flags = ("--config", config, "--replay", replay.address)
     learner = service_process("learner", *flags, "--batch-size", "16", "--learning-rate", "2e-3")
@@ -49,12 +30,12 @@ def test_reinforce_learns_cartpole_from_whole_episodes(service_process, tmp_path
     policy = algorithms.make(AGENT).policy()
     started = time.monotonic()
     with LearnerClient(learner.address) as client:
-        untrained = sampled_return(policy, client.get_parameters(0).arrays)
+        untrained = sampled_return(policy, client.get_parameters(0).arrays, AGENT.env)
         score, version = untrained, 0
         while score < GOOD and time.monotonic() - started < 120:
             time.sleep(1.0)
             params = client.get_parameters(0)
-            score, version = sampled_return(policy, params.arrays), params.version
+            score, version = sampled_return(policy, params.arrays, AGENT.env), params.version
     seconds = time.monotonic() - started
     print(
         f"REINFORCE: the sampled policy's mean return {score:.1f} at version {version},"
@@ -81,7 +62,7 @@ def test_a_baseline_that_cannot_be_stops_the_learner_at_start_up_naming_it(tmp_p
             "apexrl.cli",
             "learner",
             "--config",
-            config_file(tmp_path),
+            config_file(tmp_path, AGENT),
             "--baseline",
             "mean",
             "--replay",
