@@ -154,26 +154,7 @@ class Actor:
         # Every adder has its outlet and fills its table from the same steps; the first one
         # paces the actor (its items are the ones parameter changes wait for).
         self.outlets = [
-            Outlet(
-                adder,
-                builder.table_columns(adder.table),
-                InsertBuffer(
-                    connect(
-                        config.replay,
-                        table=adder.table,
-                        timeout=30.0,
-                        retry_seconds=1.0,
-                        tls=config,
-                        stop=stop,
-                    ),
-                    config.buffer_limit,
-                    metrics,
-                    stop,
-                ),
-                config.insert_batch,
-                config.priority_epsilon,
-            )
-            for adder in builder.adders(config.num_envs, self.policy)
+            self.outlet(adder) for adder in builder.adders(config.num_envs, self.policy)
         ]
         options = EnvOptions.of(config)
         self.envs, self.obs = make_vector_env(config.env, config.num_envs, seed % 2**31, options)
@@ -202,6 +183,16 @@ class Actor:
         self.lives = None  # Atari lives, for life_loss_terminal
         self.returns = np.zeros(config.num_envs)
         self.lengths = np.zeros(config.num_envs, np.int64)
+
+    def outlet(self, adder) -> Outlet:
+        """The adder's way to its table: its own replay connection and insert buffer."""
+        config, stop = self.config, self.stop
+        replay = connect(
+            config.replay, table=adder.table, timeout=30.0, retry_seconds=1.0, tls=config, stop=stop
+        )
+        buffer = InsertBuffer(replay, config.buffer_limit, self.metrics, stop)
+        columns = self.builder.table_columns(adder.table)
+        return Outlet(adder, columns, buffer, config.insert_batch, config.priority_epsilon)
 
     def loop(self) -> None:
         self.puller.request()
