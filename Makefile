@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # request could pull a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 
-.PHONY: setup run test test-fast lint format protos bench mutants
+.PHONY: setup run test test-fast lint typecheck format protos bench mutants
 
 setup: $(VENV)/.installed
 
@@ -38,9 +38,14 @@ test: setup lint
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" -x
 
-lint: setup
+lint: setup typecheck
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# mypy over services/, imported as the package apexrl (settings in pyproject.toml).
+typecheck: setup
+	@mkdir -p build/typecheck && ln -sfn ../../services build/typecheck/apexrl
+	$(VENV)/bin/mypy
 
 format: setup
 	$(VENV)/bin/ruff format .
