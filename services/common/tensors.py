@@ -8,30 +8,31 @@ from apexrl.common.codec import Packed
 from apexrl.common.errors import InvalidArgument
 from apexrl.v1 import tensor_pb2
 
-_TO_NUMPY = {
-    tensor_pb2.FLOAT32: np.dtype("<f4"),
-    tensor_pb2.FLOAT64: np.dtype("<f8"),
-    tensor_pb2.FLOAT16: np.dtype("<f2"),
-    tensor_pb2.INT8: np.dtype("i1"),
-    tensor_pb2.INT16: np.dtype("<i2"),
-    tensor_pb2.INT32: np.dtype("<i4"),
-    tensor_pb2.INT64: np.dtype("<i8"),
-    tensor_pb2.UINT8: np.dtype("u1"),
-    tensor_pb2.UINT16: np.dtype("<u2"),
-    tensor_pb2.UINT32: np.dtype("<u4"),
-    tensor_pb2.UINT64: np.dtype("<u8"),
-    tensor_pb2.BOOL: np.dtype("?"),
-}
+_DTYPES: list[tuple[tensor_pb2.DType, np.dtype]] = [
+    (tensor_pb2.FLOAT32, np.dtype("<f4")),
+    (tensor_pb2.FLOAT64, np.dtype("<f8")),
+    (tensor_pb2.FLOAT16, np.dtype("<f2")),
+    (tensor_pb2.INT8, np.dtype("i1")),
+    (tensor_pb2.INT16, np.dtype("<i2")),
+    (tensor_pb2.INT32, np.dtype("<i4")),
+    (tensor_pb2.INT64, np.dtype("<i8")),
+    (tensor_pb2.UINT8, np.dtype("u1")),
+    (tensor_pb2.UINT16, np.dtype("<u2")),
+    (tensor_pb2.UINT32, np.dtype("<u4")),
+    (tensor_pb2.UINT64, np.dtype("<u8")),
+    (tensor_pb2.BOOL, np.dtype("?")),
+]
+_TO_NUMPY: dict[int, np.dtype] = dict(_DTYPES)
 # numpy's own limit is 64 dimensions; no column needs more than a few.
 MAX_DIMS = 32
 # Larger dimensions cannot be real (the data would not fit a message) and would only overflow
 # numpy when another dimension is 0.
 MAX_DIM = 2**48
 
-_FROM_NUMPY = {dtype.newbyteorder("="): code for code, dtype in _TO_NUMPY.items()}
+_FROM_NUMPY = {dtype.newbyteorder("="): code for code, dtype in _DTYPES}
 
 
-def dtype_to_proto(dtype: np.dtype) -> int:
+def dtype_to_proto(dtype: np.dtype) -> tensor_pb2.DType:
     """The DType enum value for a numpy dtype; ValueError for dtypes the wire cannot carry."""
     code = _FROM_NUMPY.get(np.dtype(dtype).newbyteorder("="))
     if code is None:
@@ -51,7 +52,7 @@ _CODECS = {"zstd": tensor_pb2.ZSTD}
 _CODEC_NAMES = {code: name for name, code in _CODECS.items()}
 
 
-def codec_to_proto(codec: str | None) -> int:
+def codec_to_proto(codec: str | None) -> tensor_pb2.Codec:
     return tensor_pb2.CODEC_NONE if codec is None else _CODECS[codec]
 
 
@@ -100,6 +101,15 @@ def from_proto(tensor: tensor_pb2.Tensor, field: str) -> np.ndarray | Packed:
         raise InvalidArgument(f"{field}.data", "BOOL bytes must be 0 or 1")
     array = np.frombuffer(data, dtype=dtype)
     return array if len(shape) == 1 else array.reshape(shape)
+
+
+def array_from_proto(tensor: tensor_pb2.Tensor, field: str) -> np.ndarray:
+    """from_proto for a field that holds an array (keys, priorities, parameters): a compressed
+    tensor there is refused, naming the field's codec."""
+    array = from_proto(tensor, field)
+    if isinstance(array, Packed):
+        raise InvalidArgument(f"{field}.codec", f"{array.codec}: this field is never compressed")
+    return array
 
 
 def _packed_from_proto(tensor, dtype: np.dtype, shape: tuple, field: str) -> Packed:

@@ -59,10 +59,10 @@ class BestModel:
             raise InvalidArgument(
                 "parameters", f"names {sorted(request.parameters)}, expected {sorted(self.shapes)}"
             )
-        arrays = {}
+        arrays: dict[str, np.ndarray] = {}
         for name, tensor in request.parameters.items():
             field = f'parameters["{name}"]'
-            array = tensors.from_proto(tensor, field)
+            array = tensors.array_from_proto(tensor, field)
             dtype, shape = self.shapes[name]
             if array.dtype != dtype or array.shape != shape:
                 raise InvalidArgument(

@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 import pytest
 
-from apexrl.common import checkpoint
+from apexrl.common import checkpoint, codec
 from apexrl.common.learner_client import LearnerClient
 from tests.conftest import wait_for
 
@@ -109,6 +109,8 @@ def _bad(params, arrays):
     wrong_shape[name] = np.zeros((3, 3), np.float32)
     wrong_dtype = dict(arrays)
     wrong_dtype[name] = arrays[name].astype(np.float64)
+    compressed = dict(arrays)
+    compressed[name] = codec.compress(arrays[name])  # the right dtype and shape, as zstd items
     return [
         ("version", dict(version=0), {}, [1.0]),
         ("returns", {}, {}, []),
@@ -119,6 +121,7 @@ def _bad(params, arrays):
         ("parameters", dict(arrays={**arrays, "extra": np.zeros(2, np.float32)}), {}, [1.0]),
         (f'parameters["{name}"]', dict(arrays=wrong_shape), {}, [1.0]),
         (f'parameters["{name}"]', dict(arrays=wrong_dtype), {}, [1.0]),
+        (f'parameters["{name}"].codec', dict(arrays=compressed), {}, [1.0]),
     ]
 
 
