@@ -175,7 +175,7 @@ def parse(
     data = _read_file(config_path) if config_path else {}
     settings = None
     algorithm = _algorithm_name(cls, argv, data) if algorithms else None
-    if algorithm is not None:
+    if algorithms is not None and algorithm is not None:
         try:
             settings = algorithms.settings(algorithm)
         except ValueError as err:
@@ -186,7 +186,7 @@ def parse(
     explicit = {a.dest for a in parser._actions if a.option_strings and _given(a, argv)}
     values = _values(cls, data, section, args.config, parser)
     algo: dict[str, Any] = {}
-    if settings is not None:
+    if algorithms is not None and settings is not None:
         table, settings_class = settings
         others = {n: set(settings_fields(algorithms.settings(n)[1])) for n in algorithms.names}
         others[table] = set(settings_fields(settings_class))

@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
     policy.load(prefixed(arrays, "online"))
     if folder is None:
         returns = evaluate(policy, agent.env, config.episodes, config.seed, config.epsilon, options)
-        videos = []
+        videos: list[tuple[Path, int]] = []
     else:
         returns, videos = video.record_episodes(
             policy,

@@ -266,9 +266,8 @@ def default_target(runs: list[Run]) -> float | None:
     """The target of the runs' env, by local mode's rule; None for runs of several envs (or
     without a config.toml)."""
     envs = {run.env for run in runs}
-    if len(envs) != 1 or None in envs:
-        return None
-    return default_target_of(envs.pop())
+    env = envs.pop() if len(envs) == 1 else None
+    return None if env is None else default_target_of(env)
 
 
 def default_target_of(env: str) -> float | None:

@@ -35,12 +35,18 @@ class Schedule(float):
     whatever reads the setting once (an optimizer made, a start-up check) reads that; the
     learner sets each scheduled setting to value(step) before every update."""
 
-    def __new__(cls, shape: str, points: tuple[tuple[float, float], ...], unit: str = "updates"):
+    shape: str
+    points: tuple[tuple[float, float], ...]
+    unit: str
+
+    def __new__(
+        cls, shape: str, points: tuple[tuple[float, float], ...], unit: str = "updates"
+    ) -> "Schedule":
         schedule = super().__new__(cls, points[0][1])
         schedule.shape, schedule.points, schedule.unit = shape, tuple(points), unit
         return schedule
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type["Schedule"], tuple]:
         return Schedule, (self.shape, self.points, self.unit)
 
     def value(self, step: float) -> float:

@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Sequence
 
 import grpc
 
@@ -38,7 +39,7 @@ class ParameterPuller:
     raises `error`, a setting that cannot work, when it is set)."""
 
     def __init__(
-        self, learner: LearnerClient, actor_id: str, metrics, relays: list[LearnerClient] = ()
+        self, learner: LearnerClient, actor_id: str, metrics, relays: Sequence[LearnerClient] = ()
     ):
         self.learner, self.actor_id, self.metrics = learner, actor_id, metrics
         self.relays = list(relays)

@@ -112,7 +112,7 @@ def roles_named(uris: Iterable[str], dns_names: Iterable[str]) -> set[str]:
     return named & set(ROLES)
 
 
-def caller_role(auth_context: Mapping[str, list[bytes]]) -> str:
+def caller_role(auth_context: Mapping[str, Iterable[bytes]]) -> str:
     """The role of a mutual TLS caller, from gRPC's auth context; PermissionDenied if its
     certificate names none or several."""
 

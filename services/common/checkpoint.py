@@ -166,7 +166,7 @@ def _layout(
             "shape": list(array.shape),
             "offset": offset,
             "nbytes": array.nbytes,
-            "sha256": hashlib.sha256(array).hexdigest(),  # hashlib releases the GIL
+            "sha256": hashlib.sha256(array.data).hexdigest(),  # hashlib releases the GIL
         }
     header = {
         "format": FORMAT,
@@ -204,7 +204,7 @@ def _raw(array: np.ndarray) -> memoryview:
 
     Flattened first: memoryview cannot cast 0-d views or shapes with a zero dimension.
     """
-    return memoryview(array.reshape(-1)).cast("B")
+    return array.reshape(-1).data.cast("B")
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -255,7 +255,11 @@ def write_checkpoint(
     path = directory / f"{kind}-{sequence:012d}.ckpt"
     header, body = _layout(kind, meta, arrays, sequence)
 
-    pieces = [_PREFIX.pack(MAGIC, len(header)), header, hashlib.sha256(header).digest()]
+    pieces: list[bytes | memoryview] = [
+        _PREFIX.pack(MAGIC, len(header)),
+        header,
+        hashlib.sha256(header).digest(),
+    ]
     position = 0
     for offset, array in body:
         if offset > position:
@@ -330,7 +334,7 @@ def _read_array(f, desc: dict, body_start: int, body_nbytes: int, what: str) -> 
     # Raw bytes straight into the array: nothing is ever unpickled.
     if f.readinto(_raw(array)) != nbytes:
         raise CorruptCheckpoint(f"{what}: truncated")
-    if hashlib.sha256(array).hexdigest() != desc["sha256"]:
+    if hashlib.sha256(array.data).hexdigest() != desc["sha256"]:
         raise CorruptCheckpoint(f"{what}: sha256 mismatch")
     return array
 

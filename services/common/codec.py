@@ -12,6 +12,7 @@ stack and the stack after it) is paid for once because the codec sees them in on
 """
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +29,7 @@ class Packed:
     codec: str
     dtype: np.dtype  # of the decompressed items
     item_shape: tuple[int, ...]
-    data: bytes  # the items' frames, back to back (or any bytes-like object)
+    data: bytes | memoryview  # the items' frames, back to back (a view: held off the heap)
     sizes: np.ndarray  # uint32 [n], bytes of each item's frame
 
     def __len__(self) -> int:
@@ -72,7 +73,7 @@ def concat(parts: list[dict]) -> dict:
     return out
 
 
-def nbytes(columns: dict) -> int:
+def nbytes(columns: Mapping[str, np.ndarray | Packed]) -> int:
     """Bytes a batch's columns hold (compressed columns as compressed)."""
     return sum(
         len(c.data) + c.sizes.nbytes if isinstance(c, Packed) else c.nbytes

@@ -43,7 +43,7 @@ def apply_changes(
         if name not in arrays:
             raise ValueError(f'parameters["{name}"]: not among the held version\'s arrays')
         if name in response.rows:
-            rows = tensors.from_proto(response.rows[name], f'rows["{name}"]')
+            rows = tensors.array_from_proto(response.rows[name], f'rows["{name}"]')
             array = arrays[name].copy()
             array[rows] = values
             array.setflags(write=False)
@@ -89,7 +89,7 @@ class LearnerClient(GrpcClient):
             lambda: self._until_stop(request, timeout, metadata), "get_parameters"
         )
         arrays = {
-            name: tensors.from_proto(t, f'parameters["{name}"]')
+            name: tensors.array_from_proto(t, f'parameters["{name}"]')
             for name, t in response.parameters.items()
         }
         if response.changes_from:

@@ -9,6 +9,7 @@ each publish wakes, on the servicer's asyncio loop, every poll waiting on it.
 
 import asyncio
 import contextlib
+from typing import Any
 
 import grpc
 
@@ -72,14 +73,14 @@ def add_learner_service(servicer, server: grpc.aio.Server) -> None:
     """Registers the Learner service of `servicer` (the learner's or a relay's) as
     learner_pb2_grpc.add_LearnerServicer_to_server does, but with GetParameters's answers
     passed through as the bytes it returns (ParameterStore.serialize: encoded once)."""
-    messages = {
+    messages: dict[str, tuple[Any, Any]] = {
         "ReportEvaluation": (
             learner_pb2.ReportEvaluationRequest,
             learner_pb2.ReportEvaluationResponse,
         ),
         "SetSetting": (learner_pb2.SetSettingRequest, learner_pb2.SetSettingResponse),
     }
-    handlers = {
+    handlers: dict[str, grpc.RpcMethodHandler] = {
         "GetParameters": grpc.unary_unary_rpc_method_handler(
             servicer.GetParameters,
             request_deserializer=learner_pb2.GetParametersRequest.FromString,

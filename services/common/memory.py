@@ -6,6 +6,7 @@ import dataclasses
 import gc
 import mmap
 import os
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -53,7 +54,7 @@ def trim_heaps() -> None:
         libc.malloc_trim(0)
 
 
-def off_heap(columns: dict[str, np.ndarray | Packed], priorities: np.ndarray):
+def off_heap(columns: Mapping[str, np.ndarray | Packed], priorities: np.ndarray):
     """A copy of an insert batch (its columns and priorities) in one anonymous memory map of its
     own, unmapped when the last of them is freed. Batches an actor holds while replay is away
     otherwise lie in malloc's heap between whatever else the process allocates meanwhile, and
@@ -72,7 +73,7 @@ def off_heap(columns: dict[str, np.ndarray | Packed], priorities: np.ndarray):
 
     out = {
         key: dataclasses.replace(
-            value, sizes=copy(value.sizes), data=copy(np.frombuffer(value.data, np.uint8))
+            value, sizes=copy(value.sizes), data=copy(np.frombuffer(value.data, np.uint8)).data
         )
         if isinstance(value, Packed)
         else copy(value)

@@ -38,10 +38,8 @@ def changed_rows(new: np.ndarray, old: np.ndarray | None) -> np.ndarray | None:
     return (new != old).reshape(len(new), -1).any(axis=1)
 
 
-def worth_rows(array: np.ndarray, rows: np.ndarray | None) -> bool:
+def worth_rows(array: np.ndarray, rows: np.ndarray) -> bool:
     """Whether sending `rows` (a mask) with their indices is smaller than the whole array."""
-    if rows is None:
-        return False
     count = int(rows.sum())
     return count * (array.nbytes // max(len(array), 1) + INDEX_BYTES) < array.nbytes
 
@@ -199,9 +197,10 @@ class ParameterStore:
             rows = None if any(m is None for m in masks) else np.logical_or.reduce(masks)
             if rows is not None and not rows.any():
                 continue
-            if worth_rows(array, rows):
-                plan[name] = np.flatnonzero(rows).astype(np.int32)
-                nbytes += len(plan[name]) * (array.nbytes // len(array) + INDEX_BYTES)
+            if rows is not None and worth_rows(array, rows):
+                changed = np.flatnonzero(rows).astype(np.int32)
+                plan[name] = changed
+                nbytes += len(changed) * (array.nbytes // len(array) + INDEX_BYTES)
             else:
                 plan[name] = None
                 nbytes += array.nbytes

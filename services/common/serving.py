@@ -18,8 +18,9 @@ import resource
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import prometheus_client
@@ -216,6 +217,7 @@ def _metered(
         log.debug("%s refused: %s", full_method, error)
         await context.abort(error.code, str(error))
 
+    wrapped: Callable[[Any, Any], Any]  # an async generator or a coroutine function
     if handler.response_streaming:
         behavior = handler.unary_stream or handler.stream_stream
 
@@ -345,7 +347,7 @@ class Service:
     on_stop: Callable[[], Awaitable[None]] | None = None
     # Background tasks to run while serving (periodic checkpoints, training loops); cancelled
     # on stop.
-    background: list[Callable[[], Awaitable[None]]] | None = None
+    background: list[Callable[[], Coroutine[Any, Any, None]]] | None = None
 
 
 async def serve(

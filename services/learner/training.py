@@ -16,6 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -246,7 +247,7 @@ class Learner:
     def _auxiliary(self, threads: list) -> list:
         """(dataset, client, batches) of each auxiliary dataset, its table checked and its
         prefetch thread added to `threads`."""
-        auxiliary = []
+        auxiliary: list[tuple[Any, Any, queue.Queue]] = []
         for dataset in self.auxiliary:
             client = connect(
                 self.config.replay,
@@ -286,7 +287,8 @@ class Learner:
                 continue
             waited += time.perf_counter() - started
             self.metrics.wait_seconds.inc(time.perf_counter() - started)
-            self._update(*item, priorities)
+            columns, weights, keys = item
+            self._update(columns, weights, keys, priorities)
             busy += time.perf_counter() - started
             if self.update_step % 100 == 0:
                 self.metrics.wait_fraction.set(waited / busy if busy else 0.0)
@@ -344,10 +346,10 @@ class Learner:
         self.samples_consumed += len(keys)
         m = self.metrics
         if td_errors is not None:
-            td_errors = td_errors.cpu().numpy()
-            m.td_error.set(float(td_errors.mean()))
+            errors = td_errors.cpu().numpy()
+            m.td_error.set(float(errors.mean()))
             if self.dataset.prioritized:
-                priorities.put((keys, td_errors + self.config.priority_epsilon))
+                priorities.put((keys, errors + self.config.priority_epsilon))
         if (
             self.dataset.publish_every_update
             or self.update_step % self.config.publish_interval == 0

@@ -141,6 +141,6 @@ def collect(run: Run, seconds: float, previous: dict | None) -> dict:
     row["eval_best_mean_return"] = best if row["eval_best_version"] > 0 else math.nan
     dt = seconds - previous["seconds"] if previous else seconds
     for key in ("env_steps", "updates"):
-        before = previous[key] if previous else 0.0
-        row[f"{key}_per_s"] = round((row[key] - before) / dt, 1) if dt > 0 else 0.0
+        earlier = previous[key] if previous else 0.0
+        row[f"{key}_per_s"] = round((row[key] - earlier) / dt, 1) if dt > 0 else 0.0
     return row

@@ -29,9 +29,9 @@ def main(argv: list[str]) -> int:
     if config_file:
         with open(config_file, "rb") as fh:
             user_file = tomllib.load(fh)
-    target = config.target_return
-    if math.isnan(target):
-        target = default_target(config.env)
+    target = (
+        default_target(config.env) if math.isnan(config.target_return) else config.target_return
+    )
     if target is None:
         sys.exit(f"apexrl local: {config.env} has no reward_threshold: pass --target-return")
     run_dir = Path(config.run_dir or f"runs/{config.env}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -45,9 +45,14 @@ def main(argv: list[str]) -> int:
         return 2
 
     stop = threading.Event()
-    interrupted = []
+    interrupted: list[int] = []
+
+    def interrupt(signum: int, _frame) -> None:
+        interrupted.append(signum)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, _: (interrupted.append(signum), stop.set()))
+        signal.signal(sig, interrupt)
 
     rows: list[dict] = []
     outcome, code = "", 1

@@ -4,6 +4,7 @@ one TOML file every child process reads (as a ConfigMap would)."""
 import dataclasses
 import math
 from pathlib import Path
+from typing import Any
 
 import tomli_w
 
@@ -14,7 +15,7 @@ from apexrl.schedules import Schedule
 
 # Settings local mode gives each service, under the algorithm's presets for the env and the
 # user's --config file.
-SERVICE_DEFAULTS = {
+SERVICE_DEFAULTS: dict[str, dict[str, Any]] = {
     "replay": {},
     "learner": {"checkpoint_interval": 0.0},
     "actor": {},
@@ -22,7 +23,7 @@ SERVICE_DEFAULTS = {
 }
 # On top of those for Atari (ALE/... ids), whatever the algorithm: 4 envs an actor and short
 # evaluations (a Pong episode is 800+ agent steps).
-ATARI_DEFAULTS = {
+ATARI_DEFAULTS: dict[str, dict[str, Any]] = {
     "actor": {"num_envs": 4},
     "evaluator": {"episodes": 2, "confirm_episodes": 4, "interval": 30.0, "window": 0},
 }
