@@ -104,7 +104,7 @@ def main(seconds: float = 5.0) -> None:
         ("atari_bfloat16", "ALE/Pong-v5", 512, "bfloat16"),
     ):
         learner = learner_for(env, device, size, precision)
-        sampled = sampled_batch(learner.algorithm, size)
+        sampled = sampled_batch(learner.builder, size)
         item = learner.to_device(sampled)
         priorities: queue.Queue = queue.Queue()
 

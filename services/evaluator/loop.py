@@ -79,8 +79,8 @@ def run(
         raise ValueError(f"nice: must be 0 to 19, got {config.nice}")
     os.nice(config.nice)
     m = metrics or EvaluatorMetrics(registry)
-    algorithm = algorithms.make(config)
-    policy = algorithm.policy()
+    builder = algorithms.make(config)
+    policy = builder.policy()
     algorithms.set_torch_threads(config.threads)
     learner = LearnerClient(config.learner, retry_seconds=1.0, retry_cap=0.1, tls=config, stop=stop)
     version, lineage, backoff = 0, 0, Backoff(cap=2.0)
@@ -110,9 +110,9 @@ def run(
             backoff.reset()
             if not params.arrays:  # nothing new within the long poll: ask again
                 continue
-            if params.algorithm != algorithm.name:
+            if params.algorithm != builder.name:
                 raise ValueError(
-                    f"algorithm: this evaluator runs {algorithm.name}, the learner at"
+                    f"algorithm: this evaluator runs {builder.name}, the learner at"
                     f" {config.learner} runs {params.algorithm}"
                 )
             policy.load(params.arrays)

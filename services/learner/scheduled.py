@@ -32,12 +32,12 @@ log = logging.getLogger(__name__)
 
 
 class ScheduledSettings:
-    def __init__(self, config, algorithm, optimizers: list[torch.optim.Optimizer], gauge):
-        """config: the learner's (LearnerConfig); algorithm: its builder (settings and check;
+    def __init__(self, config, builder, optimizers: list[torch.optim.Optimizer], gauge):
+        """config: the learner's (LearnerConfig); builder: its algorithm (settings and check;
         None: the config's settings only); optimizers: the learning's, as made (their learning
         rates are the config's start); gauge: a Gauge labelled by setting."""
-        self.config, self.algorithm = config, algorithm
-        owners = [config] + ([algorithm.settings] if algorithm is not None else [])
+        self.config, self.builder = config, builder
+        owners = [config] + ([builder.settings] if builder is not None else [])
         # Every setting that may change: the object that holds it, by name.
         self.owners = {
             f.name: owner
@@ -101,7 +101,7 @@ class ScheduledSettings:
             )
         if owner is self.config:
             return
-        probe = copy.copy(self.algorithm)
+        probe = copy.copy(self.builder)
         probe.settings = dataclasses.replace(owner, **{name: value})
         try:
             probe.check()

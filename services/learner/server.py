@@ -34,16 +34,16 @@ log = logging.getLogger(__name__)
 def build(
     config: LearnerConfig, registry: prometheus_client.CollectorRegistry
 ) -> tuple[Service, Learner]:
-    algorithm = algorithms.make(config)
-    metrics = LearnerMetrics(registry, algorithm.figures, algorithm.loss_help)
+    builder = algorithms.make(config)
+    metrics = LearnerMetrics(registry, builder.figures, builder.loss_help)
     if not config.history_mb >= 0 or not math.isfinite(config.history_mb):
         raise ValueError(f"history_mb: must be finite and >= 0, got {config.history_mb}")
     store = ParameterStore(int(config.history_mb * 2**20))
     leases = Leases(config.lease_seconds)
-    learner = Learner(config, algorithm, metrics, store)
+    learner = Learner(config, builder, metrics, store)
     best = BestModel(config, learner.learning.parameters())
     servicer = LearnerServicer(
-        store, leases, metrics.live_actors, best, algorithm, metrics.parameter_bytes_sent, learner
+        store, leases, metrics.live_actors, best, builder, metrics.parameter_bytes_sent, learner
     )
     replay = connect(
         config.replay,

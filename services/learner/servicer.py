@@ -35,13 +35,13 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         leases: Leases,
         live_actors: prometheus_client.Gauge,
         best: BestModel,
-        algorithm: Builder,
+        builder: Builder,
         bytes_sent: prometheus_client.Counter | None = None,
         learner: "Learner | None" = None,
     ):
         """learner: the training one, whose settings SetSetting changes (None: it refuses)."""
         self.store, self.leases, self.live_actors, self.best = store, leases, live_actors, best
-        self.algorithm, self.bytes_sent, self.learner = algorithm, bytes_sent, learner
+        self.builder, self.bytes_sent, self.learner = builder, bytes_sent, learner
         self.polls = LongPolls(store)
         # Reports take BestModel's lock one at a time: one thread of their own, where asyncio's
         # default pool would add a thread whenever two reports meet and keep it for good. It
@@ -60,13 +60,13 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
         if self.store.version == 0:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "no parameters published yet")
         response = learner_pb2.GetParametersResponse(
-            lease_seconds=self.leases.seconds, algorithm=self.algorithm.name
+            lease_seconds=self.leases.seconds, algorithm=self.builder.name
         )
         if request.actor_id:  # renewed as the call arrives: a long poll keeps its lease
             index, count = self.leases.renew(request.actor_id, time.monotonic())
             response.actor_index, response.num_actors = index, count
-            response.exploration = self.algorithm.exploration(index, count)
-            if self.algorithm.exploration_name == "epsilon":  # the field older actors read
+            response.exploration = self.builder.exploration(index, count)
+            if self.builder.exploration_name == "epsilon":  # the field older actors read
                 response.epsilon = response.exploration
             self.live_actors.set(count)
         if request.lease_only:

@@ -47,13 +47,13 @@ class Learner:
     def __init__(
         self,
         config: LearnerConfig,
-        algorithm: Builder,
+        builder: Builder,
         metrics: LearnerMetrics,
         store: ParameterStore,
     ):
-        self.config, self.algorithm, self.metrics, self.store = config, algorithm, metrics, store
-        self.dataset = algorithm.dataset()
-        self.auxiliary = algorithm.auxiliary_datasets()
+        self.config, self.builder, self.metrics, self.store = config, builder, metrics, store
+        self.dataset = builder.dataset()
+        self.auxiliary = builder.auxiliary_datasets()
         for dataset in self.auxiliary:
             if dataset.prioritized or not dataset.prefetch:
                 raise ValueError(
@@ -63,15 +63,15 @@ class Learner:
         self.device = pick_device(config.device)
         self.autocast_dtype = autocast_dtype(config.precision, self.device)
         precision = "bfloat16 autocast" if self.autocast_dtype else "float32"
-        log.info("%s learner on %s, updates in %s", algorithm.name, self.device, precision)
+        log.info("%s learner on %s, updates in %s", builder.name, self.device, precision)
         torch.set_num_threads(config.threads)
         if config.seed:
             torch.manual_seed(config.seed)
-        self.learning = algorithm.learning(config, self.device)
+        self.learning = builder.learning(config, self.device)
         self.scheduled = ScheduledSettings(
-            config, algorithm, self.learning.optimizers(), metrics.scheduled
+            config, builder, self.learning.optimizers(), metrics.scheduled
         )
-        self.columns = {c.name: c for c in algorithm.table_columns(self.dataset.table)}
+        self.columns = {c.name: c for c in builder.table_columns(self.dataset.table)}
         self.update_step = 0
         self.samples_consumed = 0
         self.decode_failed = False  # warned once, counted always
@@ -79,7 +79,7 @@ class Learner:
         self.stop = threading.Event()
         self.helpers: list[threading.Thread] = []
         meta = (
-            checkpoint.resume(config, algorithm.name, self.learning)
+            checkpoint.resume(config, builder.name, self.learning)
             if config.checkpoint_dir
             else None
         )
@@ -130,7 +130,7 @@ class Learner:
             "live_settings": dict(self.scheduled.live),
         }
         try:
-            checkpoint.save(self.config, self.algorithm.name, self.learning, counters)
+            checkpoint.save(self.config, self.builder.name, self.learning, counters)
         except OSError as err:  # a full or failing disk: keep training on, keep the old files
             self.metrics.checkpoint_failures.inc()
             log.error("checkpoint failed, previous ones kept: %s", err)
@@ -147,9 +147,7 @@ class Learner:
         declared = self.columns.values() if declared is None else declared
         want = {c.name: (c.dtype, c.shape) for c in declared}
         if got != want:
-            raise ValueError(
-                f"replay columns {got} are not algorithm {self.algorithm.name}'s {want}"
-            )
+            raise ValueError(f"replay columns {got} are not algorithm {self.builder.name}'s {want}")
 
     def check_table(self, info) -> None:
         """The replay's table must be the one the algorithm declares (sampler, remover,
@@ -157,7 +155,7 @@ class Learner:
         signature): a mismatch is a configuration error naming the table and the setting. The
         sizes and the rate limiter's ratio are the replay's to tune (local mode splits sizes
         over its shards)."""
-        want = {t.name: t for t in self.algorithm.tables()}[info.name]
+        want = {t.name: t for t in self.builder.tables()}[info.name]
         got = {
             "sampler": info.sampler,
             "remover": info.remover,
@@ -170,7 +168,7 @@ class Learner:
             if value != getattr(want, setting):
                 raise ValueError(
                     f"replay table {info.name!r}: {setting} is {value!r}, algorithm"
-                    f" {self.algorithm.name} needs {getattr(want, setting)!r} (make the"
+                    f" {self.builder.name} needs {getattr(want, setting)!r} (make the"
                     " replay's tables from the algorithm's settings: `apexrl tables`)"
                 )
         columns = {
@@ -179,12 +177,12 @@ class Learner:
         }
         needed = {
             (c.name, np.dtype(c.dtype), tuple(c.shape), codec_to_proto(c.codec))
-            for c in self.algorithm.table_columns(info.name)
+            for c in self.builder.table_columns(info.name)
         }
         if columns and columns != needed:
             raise ValueError(
                 f"replay table {info.name!r}: signature {want.signature!r} is what algorithm"
-                f" {self.algorithm.name} inserts; the table's columns differ"
+                f" {self.builder.name} inserts; the table's columns differ"
             )
 
     def decode(self, batch, declared=None) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
@@ -264,7 +262,7 @@ class Learner:
                     opened.close()
                 raise
             batches: queue.Queue = queue.Queue(maxsize=self.config.prefetch)
-            args = (client, batches, dataset, self.algorithm.table_columns(dataset.table))
+            args = (client, batches, dataset, self.builder.table_columns(dataset.table))
             threads.append(threading.Thread(target=self._prefetch, args=args, daemon=True))
             auxiliary.append((dataset, client, batches))
         return auxiliary

@@ -65,11 +65,11 @@ def test_an_algorithm_setting_changes_through_its_checks(tmp_path):
     made, _ = learner(tmp_path, "--clip-range", "0.2")
     made.scheduled.change("clip_range", 0.1)
     made.scheduled.apply(1)
-    assert made.algorithm.settings.clip_range == 0.1
+    assert made.builder.settings.clip_range == 0.1
     with pytest.raises(InvalidArgument, match="^clip_range: must be >= 0"):
         made.scheduled.change("clip_range", -0.5)
     made.scheduled.apply(2)
-    assert made.algorithm.settings.clip_range == 0.1  # the refused value never applied
+    assert made.builder.settings.clip_range == 0.1  # the refused value never applied
 
 
 @pytest.mark.parametrize(
@@ -85,7 +85,7 @@ def test_an_algorithm_setting_changes_through_its_checks(tmp_path):
 )
 def test_a_refused_change_names_the_setting_and_changes_nothing(tmp_path, name, value, says):
     made, registry = learner(tmp_path, "--learning-rate", "1e-3")
-    settings = made.algorithm.settings
+    settings = made.builder.settings
     before = (rates(made), made.config.beta, made.config.batch_size, settings.entropy_cost)
     with pytest.raises(InvalidArgument, match=says):
         made.scheduled.change(name, value)
@@ -128,7 +128,7 @@ def test_a_change_travels_in_the_checkpoint_and_a_resumed_learner_keeps_it(tmp_p
     resumed, registry = learner(tmp_path, "--learning-rate", "1e-3")
     assert resumed.update_step == 7
     assert rates(resumed) == [pytest.approx(3e-4)]
-    assert resumed.algorithm.settings.entropy_cost == 0.05
+    assert resumed.builder.settings.entropy_cost == 0.05
     assert registry.get_sample_value(GAUGE, {"setting": "learning_rate"}) == 3e-4
     assert resumed.scheduled.live == {"learning_rate": 3e-4, "entropy_cost": 0.05}
 
@@ -163,7 +163,7 @@ def test_the_live_file_applies_what_changed_and_only_that(tmp_path):
     path.write_text("learning_rate = 5e-4\nentropy_cost = 0.02\n")  # its rate line as it was
     live.check()
     made.scheduled.apply(2)
-    assert rates(made) == [pytest.approx(1e-4)] and made.algorithm.settings.entropy_cost == 0.02
+    assert rates(made) == [pytest.approx(1e-4)] and made.builder.settings.entropy_cost == 0.02
     live.check()  # unchanged file: nothing read
     assert made.scheduled.changes == 3
 
