@@ -66,6 +66,8 @@ class ActorCriticNetwork(nn.Module):
             else build_torso(obs_shape, obs_dtype, hidden, nn.Tanh)
         )
         features = self.policy_torso.out_dim
+        head: nn.Module
+        self.distribution: type[Categorical | DiagGaussian]
         if num_actions > 0:
             self.logits = nn.Linear(features, num_actions)
             head, self.distribution = self.logits, Categorical
@@ -79,7 +81,8 @@ class ActorCriticNetwork(nn.Module):
             for layer in module.modules() if module is not None else ():
                 if isinstance(layer, nn.Linear | nn.Conv2d):
                     nn.init.orthogonal_(layer.weight, gain)
-                    nn.init.zeros_(layer.bias)
+                    if layer.bias is not None:  # every layer here has one
+                        nn.init.zeros_(layer.bias)
 
     @property
     def head(self) -> nn.Module:

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -45,6 +46,7 @@ from apexrl.schedules import Schedule
 
 if TYPE_CHECKING:
     import torch
+    from _typeshed import DataclassInstance
 
     from apexrl.algorithms.datasets import Dataset
 
@@ -95,6 +97,21 @@ class Policy(ABC):
     def priorities(self, items: dict[str, np.ndarray]) -> np.ndarray:
         """Initial priorities [B] of items the adder made, before the priority epsilon (Ape-X:
         |TD error| from the actor's own networks; 1 where the table is not prioritized)."""
+
+
+@runtime_checkable
+class ValuePolicy(Protocol):
+    """A policy with a state-value function (the actor-critics'): V(obs) [B] in the env's
+    reward units, with which adders bootstrap a truncated episode's last reward."""
+
+    def values(self, obs: np.ndarray) -> np.ndarray: ...
+
+
+def value_function(policy: Policy) -> Callable[[np.ndarray], np.ndarray]:
+    """policy.values (ValueError for a policy without a value function)."""
+    if not isinstance(policy, ValuePolicy):
+        raise ValueError(f"policy: {type(policy).__name__} has no value function (values)")
+    return policy.values
 
 
 class Adder(ABC):
@@ -177,19 +194,19 @@ class Builder(ABC):
     name: ClassVar[str]
     # The algorithm's own settings: a dataclass whose fields use config.option (documented);
     # the `[<name>]` table of the config file, flags --<field>, env APEXRL_<FIELD>.
-    Settings: ClassVar[type]
+    Settings: ClassVar[type[DataclassInstance]]
     # What the exploration parameter is (the actor's metric name) and its metric help.
     exploration_name: ClassVar[str]
     exploration_help: ClassVar[str]
     # The figures Learning.update reports besides "loss": metric name -> help.
     figures: ClassVar[dict[str, str]] = {}
     loss_help: ClassVar[str] = "Training loss of the last update."
-    parameter_sync: ClassVar[ParameterSync] = ParameterSync()
 
     def __init__(self, config, spec: EnvSpec):
         """config: a service's config (config.AgentConfig or a superset); spec: the env's."""
         self.config, self.spec = config, spec
-        self.settings = config.algo if config.algo is not None else self.Settings()
+        # Any: each algorithm reads the fields of its own Settings.
+        self.settings: Any = config.algo if config.algo is not None else self.Settings()
         if not isinstance(self.settings, self.Settings):
             raise ValueError(
                 f"algorithm: {self.name} takes its settings from [{self.name}], got"
@@ -204,6 +221,11 @@ class Builder(ABC):
                     self.check()
                 finally:
                     setattr(self.settings, f.name, schedule)
+
+    @property
+    def parameter_sync(self) -> ParameterSync:
+        """When its actors take new parameters (a property: it may follow the settings)."""
+        return ParameterSync()
 
     def check(self) -> None:  # noqa: B027 (a hook: most builders have nothing to refuse)
         """Refuses an env or settings the algorithm cannot run (ValueError naming the setting)."""

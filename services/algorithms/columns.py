@@ -2,6 +2,7 @@
 the replay its `signature`, and the replay has no torch at all."""
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +39,8 @@ def action_bounds(spec: EnvSpec) -> tuple[float, float] | None:
     range is not checked by the replay)."""
     if spec.discrete:
         return None
+    if spec.action_low is None or spec.action_high is None:
+        raise ValueError(f"env {spec.env_id}: a continuous action space without bounds")
     return float(spec.action_low.min()), float(spec.action_high.max())
 
 
@@ -115,12 +118,16 @@ def unroll_columns(spec: EnvSpec, length: int, returns: bool = False) -> list[Co
 def pack(transitions: dict[str, np.ndarray], columns: list[Column]) -> dict:
     """Transition fields -> the columns replay stores (stacked parts compressed; runs of frame
     stacks split into their frames, compressed, and their episode starts)."""
-    out = dict(transitions)
+    out: dict[str, Any] = dict(transitions)
     for column in columns:
+        if not (column.parts or column.stack):
+            continue
+        if column.codec is None:
+            raise ValueError(f"column {column.name}: parts and frame stacks need a codec")
         if column.parts:
             stacked = np.stack([out.pop(part) for part in column.parts], axis=1)
             out[column.name] = codec.compress(stacked, column.codec)
-        elif column.stack:
+        else:
             frames, out[f"{column.name}_starts"] = frame_stacks.split(out[column.name])
             out[column.name] = codec.compress(frames, column.codec)
     return out

@@ -92,9 +92,10 @@ MASKED_CARTPOLE = "apexrl/CartPoleNoVelocity-v1"
 def _masked_cartpole(**kwargs) -> gym.Env:
     env = gym.make("CartPole-v1", **kwargs)
     seen = [0, 2]
-    space = gym.spaces.Box(
-        env.observation_space.low[seen], env.observation_space.high[seen], dtype=np.float32
-    )
+    full = env.observation_space
+    if not isinstance(full, gym.spaces.Box):
+        raise ValueError(f"CartPole-v1: expected a Box observation space, got {full}")
+    space = gym.spaces.Box(full.low[seen], full.high[seen], dtype=np.float32)
     return gym.wrappers.TransformObservation(env, lambda obs: obs[seen], space)
 
 
@@ -131,7 +132,8 @@ def make_env(
 ) -> gym.Env:
     """The one place an env is made (actors, evaluator, `apexrl eval`, local mode);
     render_mode "rgb_array" for recorded videos."""
-    rendering = {"render_mode": render_mode} if render_mode else {}  # not every env takes one
+    # Not every env takes a render_mode.
+    rendering: dict[str, Any] = {"render_mode": render_mode} if render_mode else {}
     if not is_atari(env_id):
         return gym.make(env_id, **rendering)
     try:
@@ -161,7 +163,9 @@ class FireToStart(gym.Wrapper):
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
-        self.fires = env.unwrapped.get_action_meanings()[1:2] == ["FIRE"]
+        # ALE's own method, which gymnasium's Env does not declare.
+        meanings = env.unwrapped.get_wrapper_attr("get_action_meanings")()
+        self.fires = meanings[1:2] == ["FIRE"]
         self.lives = 0
 
     def reset(self, **kwargs):
@@ -190,6 +194,8 @@ def env_spec(env_id: str, options: EnvOptions = EnvOptions()) -> EnvSpec:  # noq
         obs, action = env.observation_space, env.action_space
     finally:
         env.close()
+    if obs.shape is None or obs.dtype is None:
+        raise ValueError(f"env {env_id}: observation space {obs} has no fixed shape and dtype")
     if isinstance(action, gym.spaces.Discrete):
         atari = is_atari(env_id)
         return EnvSpec(env_id, obs.shape, obs.dtype, int(action.n), (), None, None, atari)

@@ -64,12 +64,16 @@ class NatureConvTorso(nn.Module):
         return self.fc(self.convs(obs.float() / 255.0))
 
 
+# Either torso: a module with `out_dim`, the width of its features.
+Torso = MLPTorso | NatureConvTorso
+
+
 def build_torso(
     obs_shape: Sequence[int],
     obs_dtype: npt.DTypeLike,
     hidden: Sequence[int],
     activation: type[nn.Module] = nn.ReLU,
-) -> nn.Module:
+) -> Torso:
     """MLP torso (with `activation`) for 1-D float obs, Nature conv torso for uint8 [C, H, W]
     obs (`.out_dim`)."""
     obs_shape = tuple(obs_shape)

@@ -23,6 +23,10 @@ class RunningMeanStd(nn.Module):
     0 and variance 1. Every buffer has a dimension at least (the return's are [1]): published
     parameters are compared row by row."""
 
+    mean: torch.Tensor
+    var: torch.Tensor
+    count: torch.Tensor
+
     def __init__(self, shape: tuple[int, ...] = (1,)):
         super().__init__()
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))

@@ -11,7 +11,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from apexrl.algorithms.adders.unroll import UnrollAdder
-from apexrl.algorithms.base import Adder, Builder, ParameterSync, Policy, hidden_sizes
+from apexrl.algorithms.base import (
+    Adder,
+    Builder,
+    ParameterSync,
+    Policy,
+    hidden_sizes,
+    value_function,
+)
 from apexrl.algorithms.columns import Column, unroll_columns
 from apexrl.algorithms.envs import is_atari
 from apexrl.algorithms.tables import TABLE, QueueTable
@@ -79,8 +86,11 @@ class OnPolicyBuilder(Builder):
         "entropy": "Mean policy entropy of the last batch.",
     }
     loss_help = "Actor-critic loss (policy, value and entropy terms) of the last update."
-    parameter_sync = ParameterSync(periodic=False)
     learning_class: str  # "module:attribute" of its UnrollLearning, imported on use
+
+    @property
+    def parameter_sync(self) -> ParameterSync:
+        return ParameterSync(periodic=False)
 
     @classmethod
     def small_machine(cls, env_id: str, learner: dict) -> dict:
@@ -172,7 +182,7 @@ class OnPolicyBuilder(Builder):
             spec.obs_shape,
             spec.obs_dtype,
             gamma=self.config.gamma,
-            values=policy.values,
+            values=value_function(policy),
             table=TABLE,
             **self.action_options(),
             returns=self.settings.normalize_rewards,

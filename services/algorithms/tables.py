@@ -12,17 +12,20 @@ Kubernetes configs, and the learner holds the replay's tables to at start-up.
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apexrl.algorithms.columns import Column
 from apexrl.config import ReplayTableConfig, option
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 # The name of the table an algorithm's actors write and its learner reads (a replay started
 # with flat settings serves one table of this name).
 TABLE = "default"
 
 
-def redefault(settings: type, name: str, default: Any) -> Any:
+def redefault(settings: "type[DataclassInstance]", name: str, default: Any) -> Any:
     """Field `name` of `settings` with another default and the same help (an algorithm whose
     tables are sized otherwise)."""
     return option(default, settings.__dataclass_fields__[name].metadata["help"])

@@ -38,7 +38,8 @@ class ExactRecordVideo(RecordVideo):
     def stop_recording(self) -> None:
         import imageio_ffmpeg
 
-        frames = self.recorded_frames
+        # rgb_array frames: RecordVideo refuses the render modes that give other ones.
+        frames = [np.asarray(frame) for frame in self.recorded_frames]
         if frames:
             height, width = frames[0].shape[:2]
             writer = imageio_ffmpeg.write_frames(

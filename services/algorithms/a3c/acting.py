@@ -22,7 +22,7 @@ import torch
 from apexrl.algorithms.a3c.losses import a3c_loss
 from apexrl.algorithms.actor_critic import ActorCriticNetwork
 from apexrl.algorithms.adders.unroll import UnrollAdder
-from apexrl.algorithms.base import Adder, Policy, Step
+from apexrl.algorithms.base import Adder, Policy, Step, value_function
 from apexrl.algorithms.envs import EnvSpec
 from apexrl.algorithms.networks import load_numpy_state
 from apexrl.algorithms.tables import TABLE
@@ -107,7 +107,7 @@ class GradientAdder(Adder):
             spec.obs_shape,
             spec.obs_dtype,
             gamma=gamma,
-            values=policy.values,
+            values=value_function(policy),
             table=table,
             action_shape=action_shape,
             action_dtype=action_dtype,

@@ -89,6 +89,7 @@ def gradient_size(spec: EnvSpec, hidden: tuple[int, ...]) -> int:
         torsos, features = 2 * torso, width
     else:
         channels, height, width = spec.obs_shape
+        flat: tuple[int, ...]
         convs, flat, inputs = 0, (height, width), channels
         for outputs, kernel, stride in NATURE_CONVS:
             convs += inputs * outputs * kernel * kernel + outputs
@@ -166,11 +167,14 @@ class A3CBuilder(OnPolicyBuilder):
     def adder(self, num_envs: int, policy: Policy) -> Adder:
         from apexrl.algorithms.a3c.acting import GradientAdder
         from apexrl.algorithms.actor_critic import ActorCriticPolicy
+        from apexrl.algorithms.numpy_policies import NumpyPolicy
 
         if isinstance(policy, ActorCriticPolicy):  # frames: it acts with a network of its own
             net, weights = policy.net, None
-        else:  # vector observations: it acts in numpy on the arrays it holds
+        elif isinstance(policy, NumpyPolicy):  # vector observations: in numpy on its arrays
             net, weights = self.network(), lambda: policy.arrays
+        else:
+            raise ValueError(f"policy: a3c acts with an actor-critic, got {type(policy).__name__}")
         s = self.settings
         return GradientAdder(
             num_envs,

@@ -83,7 +83,7 @@ class NStepAdder(Adder):
             )
         if next_obs.shape != obs.shape:
             raise ValueError(f"next_obs shape {next_obs.shape} differs from obs shape {obs.shape}")
-        if self._obs is None:
+        if self._obs is None or self._action is None:
             self._obs = np.zeros((self.num_envs, self.n, *obs.shape[1:]), dtype=obs.dtype)
             shape = (self.num_envs, self.n, *actions.shape[1:])
             self._action = np.zeros(shape, dtype=actions.dtype)

@@ -100,8 +100,8 @@ class SequenceAdder(Adder):
         # The oldest open sequence starts at the first period multiple after steps - length.
         open_start = np.maximum(0, (since_full // self.period + 1) * self.period)
         tail = ended & ~full
-        starts = [(i, self.steps[i] - self.length) for i in np.flatnonzero(full)]
-        starts += [(i, open_start[i]) for i in np.flatnonzero(tail)]
+        starts = [(i, self.steps[i] - self.length) for i in np.flatnonzero(full).tolist()]
+        starts += [(i, open_start[i]) for i in np.flatnonzero(tail).tolist()]
         items = [self.sequence(i, start, step.final_obs[i]) for i, start in starts]
         if acting:  # the state after this step: after each item's last real step
             for (i, _), item in zip(starts, items, strict=True):

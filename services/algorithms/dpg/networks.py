@@ -10,14 +10,17 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from apexrl.algorithms.networks import MLPTorso, build_torso
+from apexrl.algorithms.networks import MLPTorso, Torso, build_torso
 
 
 class DeterministicPolicy(nn.Module):
     """Torso, a linear layer, tanh, scaled to the action bounds: actions [B, *action_shape] in
     [low, high] whatever the weights."""
 
-    def __init__(self, torso: nn.Module, low: np.ndarray, high: np.ndarray):
+    center: torch.Tensor
+    half_range: torch.Tensor
+
+    def __init__(self, torso: Torso, low: np.ndarray, high: np.ndarray):
         super().__init__()
         self.torso = torso
         self.action_shape = tuple(low.shape)
@@ -41,7 +44,7 @@ class Critic(nn.Module):
     observations go through the conv torso first.
     """
 
-    def __init__(self, obs_torso: nn.Module, action_dim: int, hidden: Sequence[int]):
+    def __init__(self, obs_torso: Torso, action_dim: int, hidden: Sequence[int]):
         super().__init__()
         self.obs_torso = obs_torso
         self.mlp = MLPTorso(obs_torso.out_dim + action_dim, hidden)

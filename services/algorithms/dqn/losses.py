@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from apexrl.algorithms.dqn.networks import QNetwork
+
 
 def td_targets(
     online: nn.Module,
@@ -69,8 +71,8 @@ def project_distribution(
 
 
 def c51_loss(
-    online: nn.Module,
-    target: nn.Module,
+    online: QNetwork,
+    target: QNetwork,
     batch: dict[str, torch.Tensor],
     weights: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -81,6 +83,8 @@ def c51_loss(
 
     online and target are C51 QNetworks (`log_probs`, `support`)."""
     support = online.support
+    if support is None:
+        raise ValueError("c51_loss: online has no support, it is no C51 network")
     with torch.no_grad():
         next_action = online(batch["next_obs"]).argmax(dim=1)
         next_probs = target.log_probs(batch["next_obs"]).exp()

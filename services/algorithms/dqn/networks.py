@@ -28,6 +28,9 @@ class NoisyLinear(nn.Module):
     parameter and no published state.
     """
 
+    eps_in: torch.Tensor
+    eps_out: torch.Tensor
+
     def __init__(self, in_features: int, out_features: int, sigma0: float = 0.5):
         super().__init__()
         if sigma0 <= 0:
@@ -64,6 +67,8 @@ class NoisyLinear(nn.Module):
 class QNetwork(nn.Module):
     """Torso followed by a dueling head; forward returns Q-values [B, num_actions]; with
     `support` (the C51 atoms), `log_probs` returns log-probabilities [B, num_actions, atoms]."""
+
+    support: torch.Tensor | None
 
     def __init__(
         self,

@@ -30,6 +30,9 @@ def nearest(queries: np.ndarray, keys: np.ndarray, k: int) -> tuple[np.ndarray, 
 
 
 class DND(nn.Module):
+    size: torch.Tensor
+    last_used: torch.Tensor
+
     def __init__(
         self,
         capacity: int,

@@ -37,7 +37,7 @@ class NECLearning(Learning):
         self.config, self.settings, self.device = config, settings, device
         self.net: NECNetwork = build().to(device)
         self.optimizer = adam(self.net.embed.parameters(), config.learning_rate)
-        rows = [p for dnd in self.net.dnds for p in (dnd.keys.weight, dnd.values.weight)]
+        rows = [p for dnd in self.net.dictionaries for p in (dnd.keys.weight, dnd.values.weight)]
         self.dnd_optimizer = torch.optim.SparseAdam(rows, lr=config.learning_rate)
         # Ids of the items already written, oldest first, as many as the replay holds.
         self.written: OrderedDict[int, None] = OrderedDict()
@@ -60,7 +60,7 @@ class NECLearning(Learning):
         self.optimizer.step()
         self.dnd_optimizer.step()
         figures = {"loss": loss.item(), "q_mean": q.detach().mean().item()}
-        figures["dnd_size"] = float(sum(dnd.used for dnd in self.net.dnds))
+        figures["dnd_size"] = float(sum(dnd.used for dnd in self.net.dictionaries))
         return None, figures
 
     def _write(self, batch, h: torch.Tensor, y: torch.Tensor) -> None:
@@ -75,7 +75,7 @@ class NECLearning(Learning):
             return
         actions = batch["action"].long().cpu().numpy()[new]
         keys, values = h[new].float().cpu().numpy(), y[new].float().cpu().numpy()
-        for a, dnd in enumerate(self.net.dnds):
+        for a, dnd in enumerate(self.net.dictionaries):
             mine = actions == a
             if mine.any():
                 dnd.write(keys[mine], values[mine])
@@ -88,7 +88,7 @@ class NECLearning(Learning):
         live = state_to_numpy(self.net)
         capacity, every = self.settings.dnd_capacity, self.settings.refresh_versions
         if self.published is None or every == 1:
-            for dnd in self.net.dnds:
+            for dnd in self.net.dictionaries:
                 dnd.written_slots.clear()
             self.published = live
             return {name: a.copy() for name, a in live.items()}
@@ -97,21 +97,21 @@ class NECLearning(Learning):
         arrays = {}
         for name, array in live.items():
             if name.startswith("dnds.") and array.shape[:1] == (capacity,):
-                dnd = self.net.dnds[int(name.split(".")[1])]
+                dnd = self.net.dictionaries[int(name.split(".")[1])]
                 rows = np.union1d(
                     share, np.fromiter(dnd.written_slots, np.int64, len(dnd.written_slots))
                 )
                 array, fresh = self.published[name].copy(), array
                 array[rows] = fresh[rows]
             arrays[name] = array
-        for dnd in self.net.dnds:
+        for dnd in self.net.dictionaries:
             dnd.written_slots.clear()
         self.published = arrays
         return {name: a.copy() for name, a in arrays.items()}
 
     def state(self) -> tuple[dict[str, np.ndarray], dict]:
         arrays = {f"online/{k}": v for k, v in state_to_numpy(self.net).items()}
-        for a, dnd in enumerate(self.net.dnds):
+        for a, dnd in enumerate(self.net.dictionaries):
             arrays[f"last_used/{a}"] = dnd.last_used.cpu().numpy()
         optimizer, groups = optimizer_state(self.optimizer, "optimizer")
         # SparseAdam counts its steps in a Python int: stored as an array, restored as an int.
@@ -125,13 +125,13 @@ class NECLearning(Learning):
         }
         dnd_groups = dnd_state["param_groups"]
         meta = {"param_groups": groups, "dnd_param_groups": dnd_groups}
-        meta["clocks"] = [dnd.clock for dnd in self.net.dnds]
+        meta["clocks"] = [dnd.clock for dnd in self.net.dictionaries]
         return arrays | optimizer | dnd_optimizer, meta
 
     def load_state(self, arrays: dict[str, np.ndarray], meta: dict) -> None:
         load_numpy_state(self.net, prefixed(arrays, "online"))
         self.published = None  # the next version is the restored net whole
-        for a, dnd in enumerate(self.net.dnds):
+        for a, dnd in enumerate(self.net.dictionaries):
             dnd.last_used.copy_(torch.from_numpy(arrays[f"last_used/{a}"]))
             dnd.clock = meta["clocks"][a]
         load_optimizer_state(self.optimizer, arrays, "optimizer", meta["param_groups"])

@@ -1,6 +1,7 @@
 """Neural Episodic Control's network: an embedding and a DND per action."""
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy.typing as npt
 import torch
@@ -27,6 +28,11 @@ class NECNetwork(nn.Module):
         self.embed = nn.Sequential(torso, nn.Linear(torso.out_dim, key_size))
         self.dnds = nn.ModuleList(DND(key_size=key_size, **dnd) for _ in range(num_actions))
         self.num_actions = num_actions
+
+    @property
+    def dictionaries(self) -> list[DND]:
+        """The DNDs, one per action, as DNDs (a ModuleList yields plain Modules)."""
+        return cast(list[DND], list(self.dnds))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Q [B, num_actions]."""

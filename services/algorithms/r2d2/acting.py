@@ -67,10 +67,10 @@ class R2D2Policy(Policy):
         acting = items["acting_q"]
         q = np.concatenate([acting, np.zeros_like(acting[:, :1])], 1)
         q[rows, real] = after[:, 0].numpy()
-        q = torch.from_numpy(q[:, s.burn_in :])
+        learned = torch.from_numpy(q[:, s.burn_in :])
         batch = {
             name: torch.from_numpy(np.asarray(items[name]))
             for name in ("actions", "rewards", "discounts", "mask")
         }
-        td, mask, _ = td_errors(q, q, batch, s.burn_in, s.n_step)
+        td, mask, _ = td_errors(learned, learned, batch, s.burn_in, s.n_step)
         return priority_mix(td, mask, s.priority_eta).numpy().astype(np.float32)

@@ -12,7 +12,8 @@ transformed_n_step_q_learning as Acme's R2D2 learner uses it).
 """
 
 import torch
-from torch import nn
+
+from apexrl.algorithms.r2d2.networks import RecurrentQNetwork
 
 H_EPSILON = 1e-3  # the paper's eps in h
 
@@ -55,7 +56,9 @@ def nstep_returns(rewards, discounts, values, real, n: int) -> torch.Tensor:
     return total + scale * values.gather(1, end.clamp(max=steps))
 
 
-def unroll_with_burn_in(net: nn.Module, obs: torch.Tensor, state: torch.Tensor, burn_in: int):
+def unroll_with_burn_in(
+    net: RecurrentQNetwork, obs: torch.Tensor, state: torch.Tensor, burn_in: int
+):
     """Q-values [B, T + 1 - burn_in, A] of obs [B, T + 1, ...] after the first `burn_in` steps,
     which only advance the stored state [B, S] (no gradient flows through them)."""
     if burn_in:
@@ -66,7 +69,11 @@ def unroll_with_burn_in(net: nn.Module, obs: torch.Tensor, state: torch.Tensor, 
 
 
 def sequence_td_errors(
-    online: nn.Module, target: nn.Module, batch: dict[str, torch.Tensor], burn_in: int, n: int
+    online: RecurrentQNetwork,
+    target: RecurrentQNetwork,
+    batch: dict[str, torch.Tensor],
+    burn_in: int,
+    n: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(td errors [B, T - burn_in] of the learned steps, their mask, Q(s, a) there) of a batch of
     sequences (the columns adders/sequence.py writes)."""

@@ -8,11 +8,11 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from apexrl.algorithms.networks import build_torso
+from apexrl.algorithms.networks import Torso, build_torso
 
 
 class RecurrentQNetwork(nn.Module):
-    def __init__(self, torso: nn.Module, num_actions: int, lstm_size: int):
+    def __init__(self, torso: Torso, num_actions: int, lstm_size: int):
         super().__init__()
         self.torso, self.num_actions, self.lstm_size = torso, num_actions, lstm_size
         self.lstm = nn.LSTM(torso.out_dim, lstm_size, batch_first=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from apexrl.algorithms.base import Adder, Policy, hidden_sizes
+from apexrl.algorithms.base import Adder, Policy, hidden_sizes, value_function
 from apexrl.algorithms.columns import (
     Column,
     compressed_observations,
@@ -158,7 +158,7 @@ class UNREALBuilder(IMPALABuilder):
                     spec.obs_shape,
                     spec.obs_dtype,
                     gamma=self.config.gamma,
-                    values=policy.values,
+                    values=value_function(policy),
                     table=EXPERIENCE,
                     **self.action_options(),
                 )

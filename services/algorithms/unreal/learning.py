@@ -11,11 +11,14 @@ from apexrl.algorithms.unreal.losses import (
     reward_prediction_loss,
     value_replay_loss,
 )
+from apexrl.algorithms.unreal.networks import UNREALNetwork
 
 TASKS = ("pc", "rp", "vr")
 
 
 class UNREALLearning(IMPALALearning):
+    net: UNREALNetwork
+
     def auxiliary(self, batch):
         losses = self.auxiliary_losses(batch)
         weights = {task: getattr(self.settings, f"{task}_lambda") for task in TASKS}

@@ -59,10 +59,14 @@ class UNREALNetwork(ActorCriticNetwork):
 
     def pixel_q(self, obs: torch.Tensor) -> torch.Tensor:
         """Pixel control's Q [B, actions, 20, 20]."""
+        if self.pixel_control is None:
+            raise ValueError("pixel_q: this network was built without pixel_control")
         return self.pixel_control(self.policy_torso(self.normalized(obs))).float()
 
     def reward_logits(self, windows: torch.Tensor) -> torch.Tensor:
         """Logits [B, 3] of the reward after each window of observations [B, 3, *obs]."""
+        if self.reward_prediction is None:
+            raise ValueError("reward_logits: this network was built without reward_prediction")
         b = windows.shape[0]
         windows = self.normalized(windows.reshape(b * WINDOW, *windows.shape[2:]))
         features = self.policy_torso(windows)
