@@ -216,6 +216,23 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def _pieces(header: bytes, body: list[tuple[int, np.ndarray]]) -> list[bytes | memoryview]:
+    """A checkpoint's bytes in file order: prefix, header, the header's digest, then each
+    array at its aligned offset (zeros between), the arrays' bytes not copied."""
+    pieces: list[bytes | memoryview] = [
+        _PREFIX.pack(MAGIC, len(header)),
+        header,
+        hashlib.sha256(header).digest(),
+    ]
+    position = 0
+    for offset, array in body:
+        if offset > position:
+            pieces.append(b"\0" * (offset - position))
+        pieces.append(_raw(array))
+        position = offset + array.nbytes
+    return pieces
+
+
 def write_checkpoint(
     directory: str | os.PathLike,
     kind: str,
@@ -253,19 +270,7 @@ def write_checkpoint(
     if sequence >= 10**12:
         raise OSError(errno.EOVERFLOW, f"checkpoint sequence {sequence} exceeds 12 digits")
     path = directory / f"{kind}-{sequence:012d}.ckpt"
-    header, body = _layout(kind, meta, arrays, sequence)
-
-    pieces: list[bytes | memoryview] = [
-        _PREFIX.pack(MAGIC, len(header)),
-        header,
-        hashlib.sha256(header).digest(),
-    ]
-    position = 0
-    for offset, array in body:
-        if offset > position:
-            pieces.append(b"\0" * (offset - position))
-        pieces.append(_raw(array))
-        position = offset + array.nbytes
+    pieces = _pieces(*_layout(kind, meta, arrays, sequence))
     _crash_point()
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=tmp_prefix, suffix=_TMP_SUFFIX)
     try:

@@ -137,7 +137,7 @@ def test_a_learner_refuses_a_table_of_the_wrong_kind_naming_it(algorithm, table,
 
     builder = algorithms.make(LearnerConfig(algorithm=algorithm))
     learner = SimpleNamespace(
-        algorithm=builder, dataset=builder.dataset(), columns={c.name: c for c in builder.columns()}
+        builder=builder, dataset=builder.dataset(), columns={c.name: c for c in builder.columns()}
     )
     (want,) = builder.tables()
     fits = dict(sampler=want.sampler, remover=want.remover,
