@@ -177,7 +177,7 @@ def _decoder(precision: str = "float32"):
     builder = algorithms.make(config)
     # The algorithm's figures as gauges, as the learner's server registers them.
     metrics = LearnerMetrics(
-        prometheus_client.CollectorRegistry(), builder.figures, builder.loss_help
+        prometheus_client.CollectorRegistry(), builder.metrics.figures, builder.metrics.loss_help
     )
     return Learner(config, builder, metrics, ParameterStore())
 

@@ -64,7 +64,7 @@ def learner_for(env: str, device: torch.device, size: int, precision: str = "flo
     builder = algorithms.make(config)
     # The algorithm's figures as gauges, as the learner's server registers them.
     metrics = LearnerMetrics(
-        prometheus_client.CollectorRegistry(), builder.figures, builder.loss_help
+        prometheus_client.CollectorRegistry(), builder.metrics.figures, builder.metrics.loss_help
     )
     return Learner(config, builder, metrics, ParameterStore())
 

@@ -81,7 +81,7 @@ class ActorMetrics:
         self.episode_length = metric(
             H, "episode_length", "Episode length in steps.", buckets=LENGTH_BUCKETS
         )
-        # The algorithm's exploration parameter under its own name (Builder.exploration_name):
+        # The algorithm's exploration parameter under its own name (MetricNames.exploration):
         # a metric keeps one meaning whatever the algorithm.
         self.exploration = metric(G, exploration_name, exploration_help)
         self.actor_index = metric(
@@ -122,7 +122,8 @@ def register_metrics(
     """The actor's metrics, registered before the process says it is ready (its ready file):
     every scrape from the first on sees them."""
     builder = algorithms.get(config.algorithm)
-    return ActorMetrics(registry, builder.exploration_name, builder.exploration_help)
+    names = builder.metrics
+    return ActorMetrics(registry, names.exploration, names.exploration_help)
 
 
 def run(

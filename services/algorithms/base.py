@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
@@ -153,7 +153,7 @@ class Learning(ABC):
         """One update on a sampled batch (columns on the device, importance weights [B]); step
         counts updates from 1. Returns the new priorities [B] (detached, before the priority
         epsilon; None when the table is not prioritized) and the figures the builder declares
-        (Builder.figures), by name; "loss" always."""
+        (MetricNames.figures), by name; "loss" always."""
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
         """Its optimizers, whose learning rates a `learning_rate` schedule moves (default:
@@ -187,6 +187,21 @@ class ParameterSync:
     wait_seconds: float = 1.0
 
 
+@dataclass(frozen=True)
+class MetricNames:
+    """An algorithm's metrics under its own names: its exploration parameter on the actor
+    (apexrl_actor_<exploration>), and on the learner the loss's help and the figures
+    Learning.update reports besides "loss" (apexrl_learner_<name> -> help)."""
+
+    exploration: str
+    exploration_help: str
+    loss_help: str = "Training loss of the last update."
+    figures: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+EPSILON = ("epsilon", "Exploration epsilon from the actor's lease (the Ape-X ladder).")
+
+
 class Builder(ABC):
     """One algorithm for one env, built from the service's config (its `algo` holds this
     algorithm's Settings) and the env's spaces."""
@@ -195,12 +210,7 @@ class Builder(ABC):
     # The algorithm's own settings: a dataclass whose fields use config.option (documented);
     # the `[<name>]` table of the config file, flags --<field>, env APEXRL_<FIELD>.
     Settings: ClassVar[type[DataclassInstance]]
-    # What the exploration parameter is (the actor's metric name) and its metric help.
-    exploration_name: ClassVar[str]
-    exploration_help: ClassVar[str]
-    # The figures Learning.update reports besides "loss": metric name -> help.
-    figures: ClassVar[dict[str, str]] = {}
-    loss_help: ClassVar[str] = "Training loss of the last update."
+    metrics: ClassVar[MetricNames]
 
     def __init__(self, config, spec: EnvSpec):
         """config: a service's config (config.AgentConfig or a superset); spec: the env's."""
@@ -252,15 +262,12 @@ class Builder(ABC):
         """The exploration parameter of place `index` among `count` live actors."""
 
     @abstractmethod
-    def adder(self, num_envs: int, policy: Policy) -> Adder: ...
-
     def adders(self, num_envs: int, policy: Policy) -> list[Adder]:
-        """Every adder an actor feeds its steps to, one table each; the first, `adder`'s, paces
-        the actor (its items go first, its parameter changes). Default: `adder` alone."""
-        return [self.adder(num_envs, policy)]
+        """Every adder an actor feeds its steps to, one table each (Adder.table); the first
+        paces the actor (its items go first, its parameter changes)."""
 
     def table_columns(self, table: str) -> list[Column]:
-        """The columns of `table`'s items (default: columns(), those of adder's table)."""
+        """The columns of `table`'s items (default: columns(), those of the first adder's table)."""
         return self.columns()
 
     @abstractmethod

@@ -42,9 +42,6 @@ SMALL_MACHINE = {
 class OffPolicyBuilder(Builder):
     """n-step transitions of `action_dtype` actions; subclasses make the policy and learning."""
 
-    figures = {"q_mean": "Mean Q(s, a) of the last batch."}
-    loss_help = "Importance-weighted TD loss (Huber) of the last update."
-
     def item_columns(self, action_dtype) -> list[Column]:
         return nstep_columns(self.spec, action_dtype)
 
@@ -53,8 +50,8 @@ class OffPolicyBuilder(Builder):
             raise ValueError(f"n_step: must be >= 1, got {self.settings.n_step}")
         check_target_tau(self.settings.target_tau)
 
-    def adder(self, num_envs: int, policy: Policy) -> Adder:
-        return NStepAdder(num_envs, self.settings.n_step, self.config.gamma, table=TABLE)
+    def adders(self, num_envs: int, policy: Policy) -> list[Adder]:
+        return [NStepAdder(num_envs, self.settings.n_step, self.config.gamma, table=TABLE)]
 
     def dataset(self):
         from apexrl.algorithms.datasets import Stream

@@ -14,6 +14,7 @@ from apexrl.algorithms.adders.unroll import UnrollAdder
 from apexrl.algorithms.base import (
     Adder,
     Builder,
+    MetricNames,
     ParameterSync,
     Policy,
     hidden_sizes,
@@ -78,14 +79,16 @@ EVERY_VERSION = {
 class OnPolicyBuilder(Builder):
     """Subclasses set Settings and learning_class (an actor_critic.UnrollLearning)."""
 
-    exploration_name = "policy_sampling"
-    exploration_help = "1: the actor samples its policy (no exploration ladder)."
-    figures = {
-        "value_mean": "Mean state value V(s) of the last batch.",
-        "policy_loss": "Policy-gradient loss of the last update.",
-        "entropy": "Mean policy entropy of the last batch.",
-    }
-    loss_help = "Actor-critic loss (policy, value and entropy terms) of the last update."
+    metrics = MetricNames(
+        exploration="policy_sampling",
+        exploration_help="1: the actor samples its policy (no exploration ladder).",
+        loss_help="Actor-critic loss (policy, value and entropy terms) of the last update.",
+        figures={
+            "value_mean": "Mean state value V(s) of the last batch.",
+            "policy_loss": "Policy-gradient loss of the last update.",
+            "entropy": "Mean policy entropy of the last batch.",
+        },
+    )
     learning_class: str  # "module:attribute" of its UnrollLearning, imported on use
 
     @property
@@ -174,19 +177,21 @@ class OnPolicyBuilder(Builder):
         """No ladder: every actor samples its policy (1 = sample, 0 would be greedy)."""
         return 1.0
 
-    def adder(self, num_envs: int, policy: Policy) -> Adder:
+    def adders(self, num_envs: int, policy: Policy) -> list[Adder]:
         spec = self.spec
-        return UnrollAdder(
-            num_envs,
-            self.settings.unroll_length,
-            spec.obs_shape,
-            spec.obs_dtype,
-            gamma=self.config.gamma,
-            values=value_function(policy),
-            table=TABLE,
-            **self.action_options(),
-            returns=self.settings.normalize_rewards,
-        )
+        return [
+            UnrollAdder(
+                num_envs,
+                self.settings.unroll_length,
+                spec.obs_shape,
+                spec.obs_dtype,
+                gamma=self.config.gamma,
+                values=value_function(policy),
+                table=TABLE,
+                **self.action_options(),
+                returns=self.settings.normalize_rewards,
+            )
+        ]
 
     def action_options(self) -> dict:
         """The actions an adder records: int64 indices, or float32 Gaussian samples."""

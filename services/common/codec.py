@@ -12,7 +12,7 @@ stack and the stack after it) is paid for once because the codec sees them in on
 """
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,7 +103,7 @@ def content_size(frame: bytes | memoryview) -> int | None:
     return value + 256 if size_bytes == 2 else value
 
 
-def check(items: list[bytes], item_nbytes: int) -> tuple[int, str] | None:
+def check(items: Sequence[bytes | memoryview], item_nbytes: int) -> tuple[int, str] | None:
     """(index, reason) of the first frame that is not a zstd frame of item_nbytes, or None."""
     for i, frame in enumerate(items):
         size = content_size(frame)

@@ -1,6 +1,7 @@
 """numpy <-> apexrl.v1.Tensor / Batch: raw little-endian bytes, dtype and shape; never pickle."""
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -129,7 +130,7 @@ def _packed_from_proto(tensor, dtype: np.dtype, shape: tuple, field: str) -> Pac
 
 
 def batch_to_proto(
-    columns: dict[str, np.ndarray | Packed], out: tensor_pb2.Batch | None = None
+    columns: Mapping[str, np.ndarray | Packed], out: tensor_pb2.Batch | None = None
 ) -> tensor_pb2.Batch:
     batch = tensor_pb2.Batch() if out is None else out
     for name, array in columns.items():

@@ -1,16 +1,18 @@
 """The learner's Prometheus metrics."""
 
+from collections.abc import Mapping
+
 import prometheus_client
 
 
 class LearnerMetrics:
     """The learner's own metrics, and a gauge per figure the algorithm reports
-    (Builder.figures: apexrl_learner_<name>, with the builder's help)."""
+    (MetricNames.figures: apexrl_learner_<name>, with the builder's help)."""
 
     def __init__(
         self,
         registry: prometheus_client.CollectorRegistry,
-        figures: dict[str, str] | None = None,
+        figures: Mapping[str, str] | None = None,
         loss_help: str = "Training loss of the last update.",
     ):
         def gauge(name, doc):

@@ -35,7 +35,7 @@ def build(
     config: LearnerConfig, registry: prometheus_client.CollectorRegistry
 ) -> tuple[Service, Learner]:
     builder = algorithms.make(config)
-    metrics = LearnerMetrics(registry, builder.figures, builder.loss_help)
+    metrics = LearnerMetrics(registry, builder.metrics.figures, builder.metrics.loss_help)
     if not config.history_mb >= 0 or not math.isfinite(config.history_mb):
         raise ValueError(f"history_mb: must be finite and >= 0, got {config.history_mb}")
     store = ParameterStore(int(config.history_mb * 2**20))

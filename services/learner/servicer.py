@@ -66,7 +66,7 @@ class LearnerServicer(learner_pb2_grpc.LearnerServicer):
             index, count = self.leases.renew(request.actor_id, time.monotonic())
             response.actor_index, response.num_actors = index, count
             response.exploration = self.builder.exploration(index, count)
-            if self.builder.exploration_name == "epsilon":  # the field older actors read
+            if self.builder.metrics.exploration == "epsilon":  # the field older actors read
                 response.epsilon = response.exploration
             self.live_actors.set(count)
         if request.lease_only:

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from apexrl.algorithms.adders.nstep import NStepAdder
-from apexrl.algorithms.base import Builder, Learning, Policy, prefixed
+from apexrl.algorithms.base import Builder, Learning, MetricNames, Policy, prefixed
 from apexrl.algorithms.columns import nstep_columns
 from apexrl.algorithms.datasets import Stream
 from apexrl.algorithms.networks import adam, build_torso, load_numpy_state, state_to_numpy
@@ -92,9 +92,11 @@ class QLearning(Learning):
 class QLearningBuilder(Builder):
     name = "qlearning"
     Settings = Settings
-    exploration_name = "epsilon"
-    exploration_help = "Exploration epsilon (the same for every actor)."
-    figures = {"q_mean": "Mean Q(s, a) of the last batch."}
+    metrics = MetricNames(
+        "epsilon",
+        "Exploration epsilon (the same for every actor).",
+        figures={"q_mean": "Mean Q(s, a) of the last batch."},
+    )
 
     def columns(self):
         return nstep_columns(self.spec, np.dtype(np.int64))
@@ -113,8 +115,8 @@ class QLearningBuilder(Builder):
     def exploration(self, index, count):
         return self.settings.fixed_epsilon
 
-    def adder(self, num_envs, policy):
-        return NStepAdder(num_envs, 1, self.config.gamma, table=TABLE)
+    def adders(self, num_envs, policy):
+        return [NStepAdder(num_envs, 1, self.config.gamma, table=TABLE)]
 
     def network(self):
         return QNet(self.spec.obs_shape, self.spec.obs_dtype, self.spec.num_actions)

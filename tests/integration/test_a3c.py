@@ -47,7 +47,9 @@ def test_the_learner_applies_fresh_gradients_and_drops_and_counts_stale_ones(rep
     config.replay = server.address
     builder = algorithms.make(config)
     registry = prometheus_client.CollectorRegistry()
-    learner = Learner(config, builder, LearnerMetrics(registry, builder.figures), ParameterStore())
+    learner = Learner(
+        config, builder, LearnerMetrics(registry, builder.metrics.figures), ParameterStore()
+    )
     steps: list[dict[str, torch.Tensor]] = []
     update = learner.learning.update
 

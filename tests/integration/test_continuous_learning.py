@@ -78,7 +78,7 @@ def trained_return(name: str, updates: int, settings: dict, seed: int) -> float:
     builder = algorithms.make(config)
     policy, learning = builder.policy(), builder.learning(config, torch.device("cpu"))
     envs, obs = make_vector_env(ENV, 8, seed)
-    adder, rng = builder.adder(8, policy), np.random.default_rng(seed)
+    (adder,), rng = builder.adders(8, policy), np.random.default_rng(seed)
     for update in range(updates):
         policy.load(learning.parameters())  # what a learner publishes, statistics included
         items = None

@@ -67,7 +67,9 @@ def test_a_learner_trains_on_the_queue_with_a_batch_of_each_auxiliary_table(repl
     config.replay = server.address
     builder = algorithms.make(config)
     registry = prometheus_client.CollectorRegistry()
-    learner = Learner(config, builder, LearnerMetrics(registry, builder.figures), ParameterStore())
+    learner = Learner(
+        config, builder, LearnerMetrics(registry, builder.metrics.figures), ParameterStore()
+    )
     seen: list[set] = []
     update = learner.learning.update
 
@@ -102,7 +104,9 @@ def test_a_learner_refuses_a_replay_without_a_table_its_builder_names(replay_fac
     config.replay = server.address
     builder = algorithms.make(config)
     registry = prometheus_client.CollectorRegistry()
-    learner = Learner(config, builder, LearnerMetrics(registry, builder.figures), ParameterStore())
+    learner = Learner(
+        config, builder, LearnerMetrics(registry, builder.metrics.figures), ParameterStore()
+    )
     with ReplayClient(server.address, timeout=10) as queue:
         with pytest.raises(KeyError, match="has no table 'rewards'"):
             learner.train(queue)

@@ -136,7 +136,7 @@ def test_the_gradient_applied_is_the_gradient_of_the_loss_on_its_unroll(env, max
     actor = ActorConfig(algorithm="a3c", env=env, hidden="16,8", gamma=GAMMA, algo=settings)
     builder = algorithms.make(actor)
     policy, net = builder.policy(), randomized(builder.network(), 3)
-    adder = builder.adder(2, policy)
+    (adder,) = builder.adders(2, policy)
     policy.load(state_to_numpy(net))
     items = [adder.add(step) for step in unroll_steps(policy, builder.spec, 4)]
     assert [item is None for item in items] == [True] * (LENGTH - 1) + [False]
@@ -182,7 +182,7 @@ def test_each_unrolls_gradient_is_at_the_weights_that_acted_it():
     actor = ActorConfig(algorithm="a3c", hidden="16,8", gamma=GAMMA, algo=settings)
     builder = algorithms.make(actor)
     policy = builder.policy()
-    adder = builder.adder(2, policy)
+    (adder,) = builder.adders(2, policy)
     for seed in (3, 5):
         net = randomized(builder.network(), seed)
         policy.load(state_to_numpy(net))

@@ -395,7 +395,7 @@ def test_registry_makes_dpg_for_a_box_env():
 
     algorithm = make(SimpleNamespace(algorithm="dpg", env="Pendulum-v1", hidden="8", algo=None))
     assert isinstance(algorithm, DPG)
-    assert algorithm.name == "dpg" and algorithm.exploration_name == "noise_scale"
+    assert algorithm.name == "dpg" and algorithm.metrics.exploration == "noise_scale"
 
 
 def test_noise_ladder():

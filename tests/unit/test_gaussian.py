@@ -233,7 +233,7 @@ def test_each_on_policy_algorithm_learns_from_its_actors_box_items(name):
     before = learning.parameters()
     _, figures = learning.update(batch, torch.ones(3), 1)
     after = learning.parameters()
-    assert np.isfinite(figures["loss"]) and set(builder.figures) <= set(figures)
+    assert np.isfinite(figures["loss"]) and set(builder.metrics.figures) <= set(figures)
     for part in ("gaussian.mean.weight", "gaussian.log_std", "value.weight", "obs_norm.mean"):
         assert not np.array_equal(before[part], after[part]), part
 

@@ -147,7 +147,7 @@ def batch_of(obs, action, reward, discount, next_obs) -> dict[str, torch.Tensor]
 
 def test_nstep_targets_at_an_episode_end_and_first_writes_only():
     builder = make(n_step=3)
-    adder = builder.adder(1, builder.policy())
+    (adder,) = builder.adders(1, builder.policy())
     items = []
     for t, done in enumerate([False, False, False, True]):
         out = adder.record(

@@ -218,7 +218,7 @@ def test_the_learner_trains_on_a_batch_of_episodes_as_the_replay_hands_them():
     config = LearnerConfig(algorithm="reinforce", max_grad_norm=0.5)
     builder = algorithms.make(config)
     learning = builder.learning(config, torch.device("cpu"))
-    adder = builder.adder(2, builder.policy())
+    (adder,) = builder.adders(2, builder.policy())
     rng = np.random.default_rng(0)
     items = []
     obs = rng.normal(size=(2, 4)).astype(np.float32)

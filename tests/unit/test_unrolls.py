@@ -112,7 +112,7 @@ def test_on_policy_algorithms_learn_from_a_batch_of_unrolls(name):
     before = {k: v.copy() for k, v in learning.parameters().items()}
     priorities, figures = learning.update(batch, torch.ones(3), 1)
     assert priorities is None and np.isfinite(figures["loss"])
-    assert set(algorithm.figures) <= set(figures)  # every declared figure is reported
+    assert set(algorithm.metrics.figures) <= set(figures)  # every declared figure is reported
     after = learning.parameters()
     assert any(not np.array_equal(before[k], after[k]) for k in before)
 

@@ -29,6 +29,7 @@ impala's and ppo's, acting as theirs do (in numpy on vector observations: the ev
 no torch). Unlike the other algorithms' actors, an a3c actor imports torch: it takes gradients.
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,13 +112,17 @@ class A3CBuilder(OnPolicyBuilder):
     # one it computed the gradient on, and acts on that.
     parameter_sync = ParameterSync(periodic=False, newer_each_item=True, wait_seconds=1.0)
     learning_class = "apexrl.algorithms.a3c.learning:A3CLearning"
-    figures = {
-        **ITEM_FIGURES,
-        "staleness": "Versions the learner published between the version the last applied"
-        " gradient was computed on and the update applying it.",
-        "gradient_norm": "Norm of the last applied gradient, before clipping.",
-    }
-    loss_help = "A3C loss (policy, value and entropy terms) of the last applied gradient's unroll."
+    metrics = dataclasses.replace(
+        OnPolicyBuilder.metrics,
+        loss_help="A3C loss (policy, value and entropy terms) of the last applied gradient's"
+        " unroll.",
+        figures={
+            **ITEM_FIGURES,
+            "staleness": "Versions the learner published between the version the last applied"
+            " gradient was computed on and the update applying it.",
+            "gradient_norm": "Norm of the last applied gradient, before clipping.",
+        },
+    )
 
     @classmethod
     def presets(cls, env_id: str) -> dict:
@@ -164,7 +169,7 @@ class A3CBuilder(OnPolicyBuilder):
             *(Column(name, f32, ()) for name in ITEM_FIGURES),
         ]
 
-    def adder(self, num_envs: int, policy: Policy) -> Adder:
+    def adders(self, num_envs: int, policy: Policy) -> list[Adder]:
         from apexrl.algorithms.a3c.acting import GradientAdder
         from apexrl.algorithms.actor_critic import ActorCriticPolicy
         from apexrl.algorithms.numpy_policies import NumpyPolicy
@@ -176,18 +181,20 @@ class A3CBuilder(OnPolicyBuilder):
         else:
             raise ValueError(f"policy: a3c acts with an actor-critic, got {type(policy).__name__}")
         s = self.settings
-        return GradientAdder(
-            num_envs,
-            s.unroll_length,
-            self.spec,
-            policy,
-            net,
-            weights=weights,
-            gamma=self.config.gamma,
-            value_cost=s.value_cost,
-            entropy_cost=s.entropy_cost,
-            **self.action_options(),
-        )
+        return [
+            GradientAdder(
+                num_envs,
+                s.unroll_length,
+                self.spec,
+                policy,
+                net,
+                weights=weights,
+                gamma=self.config.gamma,
+                value_cost=s.value_cost,
+                entropy_cost=s.entropy_cost,
+                **self.action_options(),
+            )
+        ]
 
     def dataset(self):
         from apexrl.algorithms.a3c.learning import FreshGradients

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from apexrl.algorithms.base import hidden_sizes
+from apexrl.algorithms.base import MetricNames, hidden_sizes
 from apexrl.algorithms.columns import Column
 from apexrl.algorithms.exploration import noise_ladder
 from apexrl.algorithms.off_policy import SMALL_MACHINE, OffPolicyBuilder, OffPolicySettings
@@ -26,14 +26,16 @@ class Settings(OffPolicySettings):
 class DPGBuilder(OffPolicyBuilder):
     name = "dpg"
     Settings = Settings
-    exploration_name = "noise_scale"
-    exploration_help = (
-        "Gaussian action-noise std, as a fraction of the action half-range, from the actor's lease."
+    metrics = MetricNames(
+        exploration="noise_scale",
+        exploration_help="Gaussian action-noise std, as a fraction of the action half-range,"
+        " from the actor's lease.",
+        loss_help="Importance-weighted TD loss (Huber) of the last update.",
+        figures={
+            "q_mean": "Mean Q(s, a) of the last batch.",
+            "policy_loss": "Policy loss (-Q(s, pi(s))) of the last update.",
+        },
     )
-    figures = {
-        "q_mean": "Mean Q(s, a) of the last batch.",
-        "policy_loss": "Policy loss (-Q(s, pi(s))) of the last update.",
-    }
 
     @classmethod
     def presets(cls, env_id: str) -> dict:

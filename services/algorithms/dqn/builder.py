@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from apexrl.algorithms.base import hidden_sizes
+from apexrl.algorithms.base import EPSILON, MetricNames, hidden_sizes
 from apexrl.algorithms.columns import Column
 from apexrl.algorithms.envs import is_atari
 from apexrl.algorithms.exploration import epsilon_ladder
@@ -50,9 +50,11 @@ class RainbowSettings(Settings):
 class DQNBuilder(OffPolicyBuilder):
     name = "dqn"
     Settings = Settings
-    exploration_name = "epsilon"
-    exploration_help = "Exploration epsilon from the actor's lease (the Ape-X ladder)."
-    loss_help = "Importance-weighted loss of the last update: Huber TD, or C51's cross-entropy."
+    metrics = MetricNames(
+        *EPSILON,
+        loss_help="Importance-weighted loss of the last update: Huber TD, or C51's cross-entropy.",
+        figures={"q_mean": "Mean Q(s, a) of the last batch."},
+    )
 
     @classmethod
     def presets(cls, env_id: str) -> dict:

@@ -10,6 +10,7 @@ Unclipped passes with V-trace recomputed each step diverged (at 4 passes half th
 seeds went unsolved in 60 s).
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 from apexrl.algorithms.envs import is_atari
@@ -41,10 +42,13 @@ class IMPALABuilder(OnPolicyBuilder):
     name = "impala"
     Settings = Settings
     learning_class = "apexrl.algorithms.impala.learning:IMPALALearning"
-    figures = {
-        **OnPolicyBuilder.figures,
-        "rho_mean": "Mean importance ratio pi / mu of the last batch (V-trace's rho).",
-    }
+    metrics = dataclasses.replace(
+        OnPolicyBuilder.metrics,
+        figures={
+            **OnPolicyBuilder.metrics.figures,
+            "rho_mean": "Mean importance ratio pi / mu of the last batch (V-trace's rho).",
+        },
+    )
 
     @classmethod
     def presets(cls, env_id: str) -> dict:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from apexrl.algorithms.adders.nstep import NStepAdder
-from apexrl.algorithms.base import Adder, Builder, Policy, hidden_sizes
+from apexrl.algorithms.base import EPSILON, Adder, Builder, MetricNames, Policy, hidden_sizes
 from apexrl.algorithms.columns import Column, nstep_columns
 from apexrl.algorithms.exploration import epsilon_ladder
 from apexrl.algorithms.tables import TABLE, UniformTable, redefault
@@ -37,13 +37,14 @@ class Settings(UniformTable):
 class NECBuilder(Builder):
     name = "nec"
     Settings = Settings
-    exploration_name = "epsilon"
-    exploration_help = "Exploration epsilon from the actor's lease (the Ape-X ladder)."
-    figures = {
-        "q_mean": "Mean Q(s, a) of the last batch, looked up in the DNDs.",
-        "dnd_size": "Keys the DNDs hold, all actions together.",
-    }
-    loss_help = "Importance-weighted squared error to the N-step Q targets of the last update."
+    metrics = MetricNames(
+        *EPSILON,
+        loss_help="Importance-weighted squared error to the N-step Q targets of the last update.",
+        figures={
+            "q_mean": "Mean Q(s, a) of the last batch, looked up in the DNDs.",
+            "dnd_size": "Keys the DNDs hold, all actions together.",
+        },
+    )
 
     @classmethod
     def presets(cls, env_id: str) -> dict:
@@ -75,8 +76,8 @@ class NECBuilder(Builder):
     def exploration(self, index: int, count: int) -> float:
         return epsilon_ladder(index, count)
 
-    def adder(self, num_envs: int, policy: Policy) -> Adder:
-        return NStepAdder(num_envs, self.settings.n_step, self.config.gamma, table=TABLE)
+    def adders(self, num_envs: int, policy: Policy) -> list[Adder]:
+        return [NStepAdder(num_envs, self.settings.n_step, self.config.gamma, table=TABLE)]
 
     def dataset(self):
         from apexrl.algorithms.datasets import Stream

@@ -7,6 +7,7 @@ gradient of ratio * A is that of log pi * A). PPO's adaptive KL penalty (Schulma
 section 4) is kl_target > 0, with the clip or without it (clip_range 0).
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 from apexrl.algorithms.base import ParameterSync
@@ -43,12 +44,15 @@ class PPOBuilder(OnPolicyBuilder):
     name = "ppo"
     Settings = Settings
     learning_class = "apexrl.algorithms.ppo.learning:PPOLearning"
-    figures = {
-        **OnPolicyBuilder.figures,
-        "approx_kl": "Approximate KL(pi_old || pi) of the last minibatch.",
-        "clip_fraction": "Fraction of the last minibatch's ratios outside the clip range.",
-        "kl_coef": "The KL penalty's coefficient for the next update (0: no penalty).",
-    }
+    metrics = dataclasses.replace(
+        OnPolicyBuilder.metrics,
+        figures={
+            **OnPolicyBuilder.metrics.figures,
+            "approx_kl": "Approximate KL(pi_old || pi) of the last minibatch.",
+            "clip_fraction": "Fraction of the last minibatch's ratios outside the clip range.",
+            "kl_coef": "The KL penalty's coefficient for the next update (0: no penalty).",
+        },
+    )
 
     @property
     def parameter_sync(self) -> ParameterSync:

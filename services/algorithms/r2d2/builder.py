@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from apexrl.algorithms.adders.sequence import SequenceAdder, check_sequence
-from apexrl.algorithms.base import Adder, Builder, Policy, hidden_sizes
+from apexrl.algorithms.base import EPSILON, Adder, Builder, MetricNames, Policy, hidden_sizes
 from apexrl.algorithms.columns import Column, stacked_columns
 from apexrl.algorithms.envs import is_atari
 from apexrl.algorithms.exploration import epsilon_ladder
@@ -113,10 +113,11 @@ def sequence_columns(spec, length: int, state_size: int) -> list[Column]:
 class R2D2Builder(Builder):
     name = "r2d2"
     Settings = Settings
-    exploration_name = "epsilon"
-    exploration_help = "Exploration epsilon from the actor's lease (the Ape-X ladder)."
-    figures = {"q_mean": "Mean Q(s, a) over the learned steps of the last batch."}
-    loss_help = "Importance-weighted squared TD loss of the last batch of sequences."
+    metrics = MetricNames(
+        *EPSILON,
+        loss_help="Importance-weighted squared TD loss of the last batch of sequences.",
+        figures={"q_mean": "Mean Q(s, a) over the learned steps of the last batch."},
+    )
 
     @classmethod
     def presets(cls, env_id: str) -> dict:
@@ -150,18 +151,20 @@ class R2D2Builder(Builder):
     def exploration(self, index: int, count: int) -> float:
         return epsilon_ladder(index, count)
 
-    def adder(self, num_envs: int, policy: Policy) -> Adder:
+    def adders(self, num_envs: int, policy: Policy) -> list[Adder]:
         s, spec = self.settings, self.spec
-        return SequenceAdder(
-            num_envs,
-            s.sequence_length,
-            s.sequence_period,
-            spec.obs_shape,
-            spec.obs_dtype,
-            self.state_size,
-            self.config.gamma,
-            table=TABLE,
-        )
+        return [
+            SequenceAdder(
+                num_envs,
+                s.sequence_length,
+                s.sequence_period,
+                spec.obs_shape,
+                spec.obs_dtype,
+                self.state_size,
+                self.config.gamma,
+                table=TABLE,
+            )
+        ]
 
     def network(self):
         from apexrl.algorithms.r2d2.networks import build_network

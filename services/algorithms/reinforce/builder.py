@@ -11,6 +11,7 @@ batch's steps (baseline "none"), or G_t - V(s_t) normalised so (baseline "value"
 network regressed on G_t).
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 from apexrl.algorithms.adders.episode import EpisodeAdder, episode_columns
@@ -52,15 +53,18 @@ class REINFORCEBuilder(OnPolicyBuilder):
     # After each episode the actor asks for the newest version, acting on while it comes.
     parameter_sync = ParameterSync(periodic=False)
     learning_class = "apexrl.algorithms.reinforce.learning:REINFORCELearning"
-    figures = {
-        "value_mean": "Mean state value V(s) over the last batch's steps (0: no baseline).",
-        "policy_loss": "Policy-gradient loss of the last update.",
-        "value_loss": "Value (baseline) loss of the last update (0: no baseline).",
-        "entropy": "Mean policy entropy over the last batch's steps.",
-        "return_mean": "Mean discounted return G_t over the last batch's steps.",
-        "episode_steps": "Mean steps per item of the last batch.",
-    }
-    loss_help = "REINFORCE loss (policy, value and entropy terms) of the last update."
+    metrics = dataclasses.replace(
+        OnPolicyBuilder.metrics,
+        loss_help="REINFORCE loss (policy, value and entropy terms) of the last update.",
+        figures={
+            "value_mean": "Mean state value V(s) over the last batch's steps (0: no baseline).",
+            "policy_loss": "Policy-gradient loss of the last update.",
+            "value_loss": "Value (baseline) loss of the last update (0: no baseline).",
+            "entropy": "Mean policy entropy over the last batch's steps.",
+            "return_mean": "Mean discounted return G_t over the last batch's steps.",
+            "episode_steps": "Mean steps per item of the last batch.",
+        },
+    )
 
     @classmethod
     def presets(cls, env_id: str) -> dict:
@@ -85,10 +89,10 @@ class REINFORCEBuilder(OnPolicyBuilder):
     def columns(self) -> list[Column]:
         return episode_columns(self.spec, self.settings.max_episode_steps, self.name)
 
-    def adder(self, num_envs: int, policy: Policy) -> Adder:
+    def adders(self, num_envs: int, policy: Policy) -> list[Adder]:
         spec = self.spec
         steps = self.settings.max_episode_steps
-        return EpisodeAdder(num_envs, steps, spec.obs_shape, spec.obs_dtype, self.config.gamma)
+        return [EpisodeAdder(num_envs, steps, spec.obs_shape, spec.obs_dtype, self.config.gamma)]
 
     def dataset(self):
         from apexrl.algorithms.datasets import FreshQueue

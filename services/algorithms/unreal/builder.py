@@ -20,6 +20,7 @@ sequences of `sequence_length` (uniform, oldest evicted) for pixel control and v
 tasks are all off is not declared, filled or read.
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,12 +67,15 @@ class UNREALBuilder(IMPALABuilder):
     name = "unreal"
     Settings = Settings
     learning_class = "apexrl.algorithms.unreal.learning:UNREALLearning"
-    figures = {
-        **IMPALABuilder.figures,
-        "pc_loss": "Pixel control loss of the last update (0: off).",
-        "rp_loss": "Reward prediction loss of the last update (0: off).",
-        "vr_loss": "Value replay loss of the last update (0: off).",
-    }
+    metrics = dataclasses.replace(
+        IMPALABuilder.metrics,
+        figures={
+            **IMPALABuilder.metrics.figures,
+            "pc_loss": "Pixel control loss of the last update (0: off).",
+            "rp_loss": "Reward prediction loss of the last update (0: off).",
+            "vr_loss": "Value replay loss of the last update (0: off).",
+        },
+    )
 
     @classmethod
     def presets(cls, env_id: str) -> dict:
@@ -149,7 +153,7 @@ class UNREALBuilder(IMPALABuilder):
 
     def adders(self, num_envs: int, policy: Policy) -> list[Adder]:
         spec, s = self.spec, self.settings
-        adders = [self.adder(num_envs, policy)]
+        adders = super().adders(num_envs, policy)
         if EXPERIENCE in self.replayed:
             adders.append(
                 ExperienceAdder(
