@@ -14,7 +14,7 @@ REMEMBER_SECONDS = 60.0  # a downstream relay silent this long has gone
 
 
 class RelayPath:
-    def __init__(self):
+    def __init__(self) -> None:
         self.relay_id = secrets.token_hex(8)
         self._downstream: dict[str, float] = {}  # relay id -> when last seen in a path
         self._lock = threading.Lock()

@@ -130,12 +130,12 @@ def _decode(meta: dict, arrays: dict[str, np.ndarray]) -> list[TableState]:
             expected.add(f"{prefix}times_sampled")
         counters = t["counters"]
         signature = t["signature"]
-        columns = {k: arrays[key] for k, key in names.items()}
+        columns: dict[str, np.ndarray | FrameRows] = {k: arrays[key] for k, key in names.items()}
         for spec in signature or ():
             if spec.get("codec") and spec["name"] in columns:
                 sizes = f"{prefix}sizes/{spec['name']}"
                 expected.add(sizes)
-                columns[spec["name"]] = _frames(columns[spec["name"]], arrays[sizes])
+                columns[spec["name"]] = _frames(arrays[names[spec["name"]]], arrays[sizes])
         states.append(
             TableState(
                 name=t["name"],

@@ -18,7 +18,7 @@ import collections
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol
@@ -29,6 +29,7 @@ import numpy as np
 from apexrl.common import tensors
 from apexrl.common.backoff import Backoff, server_gone
 from apexrl.common.client import GrpcClient
+from apexrl.common.codec import Packed
 from apexrl.v1 import replay_pb2, replay_pb2_grpc
 
 # Deadline of a long-lived stream (inserts, prefetching samples); clients reopen well before it.
@@ -37,7 +38,7 @@ STREAM_SECONDS = 3600.0
 
 @dataclass
 class SampledBatch:
-    columns: dict[str, np.ndarray]
+    columns: dict[str, np.ndarray | Packed]  # a compressed column's items as they were inserted
     keys: np.ndarray  # int64 [B]
     probabilities: np.ndarray  # float64 [B]
     weights: np.ndarray  # float32 [B]
@@ -47,16 +48,16 @@ class SampledBatch:
     def from_proto(cls, response: replay_pb2.SampleResponse) -> "SampledBatch":
         return cls(
             columns=tensors.batch_from_proto(response.batch),
-            keys=tensors.from_proto(response.keys, "keys"),
-            probabilities=tensors.from_proto(response.probabilities, "probabilities"),
-            weights=tensors.from_proto(response.weights, "weights"),
+            keys=tensors.array_from_proto(response.keys, "keys"),
+            probabilities=tensors.array_from_proto(response.probabilities, "probabilities"),
+            weights=tensors.array_from_proto(response.weights, "weights"),
             table_size=response.table_size,
         )
 
 
 def insert_request(
     table: str,
-    columns: dict[str, np.ndarray],
+    columns: Mapping[str, np.ndarray | Packed],
     priorities: np.ndarray | None,
     max_wait_seconds: float = 0.0,
 ) -> replay_pb2.InsertRequest:
@@ -97,7 +98,7 @@ class AckedStream:
     replay refused, or the lost connection); the ones sent after it were never read and get
     StreamEnded (UNAVAILABLE: send them again on a new stream)."""
 
-    def __init__(self, method):
+    def __init__(self, method: grpc.StreamStreamMultiCallable):
         self.opened = time.monotonic()
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
         self._pending: collections.deque[Future] = collections.deque()  # sent, unanswered
@@ -207,6 +208,7 @@ class ReplayWriter:
         while len(self._unacked) >= self.window:  # may raise: the batch then stays buffered
             self._take_ack()
         n, self._count = self._count, 0
+        assert self._columns is not None  # allocated by the first append
         columns = {k: v[:n] for k, v in self._columns.items()}  # to_proto copies the bytes
         request = insert_request(
             self.client.table, columns, self._priorities[:n], self.client.timeout
@@ -249,7 +251,7 @@ class Replay(Protocol):
     table: str
 
     def insert(
-        self, columns: dict[str, np.ndarray], priorities: np.ndarray | None = None
+        self, columns: Mapping[str, np.ndarray | Packed], priorities: np.ndarray | None = None
     ) -> replay_pb2.InsertResponse: ...
 
     def sample(self, batch_size: int, beta: float = 0.4) -> SampledBatch: ...
@@ -282,7 +284,7 @@ class ReplayClient(GrpcClient):
 
     def insert(
         self,
-        columns: dict[str, np.ndarray],
+        columns: Mapping[str, np.ndarray | Packed],
         priorities: np.ndarray | None = None,
         max_wait: float | None = None,
     ) -> replay_pb2.InsertResponse:
@@ -299,9 +301,10 @@ class ReplayClient(GrpcClient):
         """Sends one request over the client's long-lived `rpc` stream and waits for its
         response; other threads' requests may be in flight beside it."""
         with self._streams_lock:
-            stream = old = self._streams.get(rpc)
+            old = self._streams.get(rpc)
             if old is None or time.monotonic() - old.opened > STREAM_SECONDS / 2:
-                stream = self._streams[rpc] = AckedStream(getattr(self.stub, rpc))
+                self._streams[rpc] = AckedStream(getattr(self.stub, rpc))
+            stream = self._streams[rpc]
         if old is not None and old is not stream:
             old.close()  # reopened well before the stream's own deadline
         try:

@@ -117,7 +117,9 @@ class FrameStore(FrameRows):
             self.offsets[slots] = offsets[items]
             self.sizes[slots] = packed.sizes[items]
 
-    def gather(self, slots: np.ndarray, codec: str, dtype, item_shape) -> Packed:
+    def gather(
+        self, slots: np.ndarray, codec: str, dtype: np.dtype, item_shape: tuple[int, ...]
+    ) -> Packed:
         parts = zip(
             self.blobs[slots], self.offsets[slots].tolist(), self.sizes[slots].tolist(), strict=True
         )

@@ -8,6 +8,7 @@ import threading
 import numpy as np
 
 from apexrl.common.errors import InvalidArgument
+from apexrl.replay.snapshot import Snapshot
 from apexrl.replay.state import TableState
 from apexrl.replay.sumtree import SumTree, last_occurrence
 
@@ -110,7 +111,7 @@ class Priorities:
         self.stale_updates += len(k) - updated
         return updated, len(k) - updated
 
-    def apply(self, snapshot) -> None:
+    def apply(self, snapshot: Snapshot | None) -> None:
         """Writes the staged updates, in the order they came (the last one for a slot wins),
         telling the snapshot being taken (replay/snapshot.py), if any, first."""
         with self._applying:  # a thread finds the writes of another one complete

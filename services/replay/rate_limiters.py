@@ -6,10 +6,10 @@ by the call's deadline. Its `kind` is the `rate_limiter` setting's value.
 """
 
 import math
-import numbers
 from dataclasses import dataclass
 
 from apexrl.common.errors import FailedPrecondition
+from apexrl.replay.validation import is_int, is_real
 
 
 @dataclass(frozen=True)
@@ -43,11 +43,11 @@ class RateLimiter:
 
     def __post_init__(self) -> None:
         m, spi, eb = self.min_size_to_sample, self.samples_per_insert, self.error_buffer
-        if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 1:
+        if not is_int(m) or m < 1:
             raise ValueError(f"min_size_to_sample must be an integer >= 1, got {m!r}")
-        if not isinstance(spi, numbers.Real) or not math.isfinite(spi) or spi < 0:
+        if not is_real(spi) or not math.isfinite(spi) or spi < 0:
             raise ValueError(f"samples_per_insert must be finite and >= 0, got {spi!r}")
-        if not isinstance(eb, numbers.Real) or not math.isfinite(eb) or eb < 0:
+        if not is_real(eb) or not math.isfinite(eb) or eb < 0:
             raise ValueError(f"error_buffer must be finite and >= 0, got {eb!r}")
         if spi > 0 and eb <= 0:
             raise ValueError(

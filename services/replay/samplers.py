@@ -133,7 +133,7 @@ class BalancedSampler(Sampler):
         if table.distinct:  # a class short of its share: the rest from the other
             marked = min(max(marked, batch - len(other_slots)), len(marked_slots))
         counts = (marked, batch - marked)
-        chosen = [
+        chosen_per_class = [
             self.rng.choice(slots, count, replace=not table.distinct)
             for slots, count in zip(classes, counts, strict=True)
         ]
@@ -141,7 +141,7 @@ class BalancedSampler(Sampler):
             [np.full(count, 0.5 / len(slots)) for slots, count in zip(classes, counts, strict=True)]
         )
         order = self.rng.permutation(batch)
-        slots = np.concatenate(chosen)[order]
+        slots = np.concatenate(chosen_per_class)[order]
         return slots, probabilities[order], np.ones(batch, dtype=np.float32)
 
 

@@ -196,8 +196,8 @@ class ReplayServicer(replay_pb2_grpc.ReplayServicer):
 
     def _update_priorities(self, request) -> replay_pb2.UpdatePrioritiesResponse:
         table = self._table(request.table)
-        wire_keys = tensors.from_proto(request.keys, "keys")
-        priorities = tensors.from_proto(request.priorities, "priorities")
+        wire_keys = tensors.array_from_proto(request.keys, "keys")
+        priorities = tensors.array_from_proto(request.priorities, "priorities")
         updated, stale = table.stage_priorities(self._sequences(wire_keys), priorities)
         # The tree work runs once this answer is on its way, beside the caller's next call;
         # whatever reads the table before then applies the staged updates first.
@@ -335,6 +335,7 @@ def table_info(table: Table, include_digest: bool = False) -> replay_pb2.TableIn
 
 def make_table(settings: ReplayTableConfig, max_batch_size: int, seed: int | None) -> Table:
     """One configured table; ValueError naming the table and the setting if it cannot work."""
+    limiter: RateLimiter | QueueLimiter
     try:
         if settings.rate_limiter == "queue":
             limiter = QueueLimiter()

@@ -37,7 +37,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -128,7 +128,7 @@ class ShardedReplayClient:
         except socket.gaierror as err:
             log.warning("replay: cannot resolve %s: %s", host, err)
             return [s.address for s in self._all()]
-        ips = sorted({info[4][0] for info in infos})
+        ips = sorted({str(info[4][0]) for info in infos})  # an IP: a str for AF_INET(6)
         return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips]
 
     def _discover(self, force: bool = False) -> None:
@@ -270,7 +270,7 @@ class ShardedReplayClient:
         futures = [self._pool.submit(safe, item) for item in items[1:]]
         return ([safe(items[0])] if items else []) + [f.result() for f in futures]
 
-    def _with_live(self, what: str, attempt: Callable[[list[Shard]], T]) -> T:
+    def _with_live(self, what: str, attempt: Callable[[list[Shard]], T | None]) -> T:
         """attempt(live shards) until it succeeds, while some shard may come back within
         retry_seconds (attempt marks the shards it finds down)."""
         started, backoff = time.monotonic(), Backoff()
@@ -291,7 +291,7 @@ class ShardedReplayClient:
     # --- verbs -----------------------------------------------------------------------------
 
     def insert(
-        self, columns: dict[str, np.ndarray], priorities: np.ndarray | None = None
+        self, columns: Mapping[str, np.ndarray | codec.Packed], priorities: np.ndarray | None = None
     ) -> replay_pb2.InsertResponse:
         """Inserts one batch into the next live shard (see the module doc for the rate
         limiter); returns its response (first_key names the shard)."""

@@ -204,6 +204,7 @@ def _batch_length(columns: Mapping[str, np.ndarray | Packed]) -> int:
             n, first = items, name
         elif items != n:
             raise InvalidArgument(f, f"has {items} items but column {first!r} has {n}")
+    assert n is not None  # check_batch refuses a batch without columns first
     return n
 
 

@@ -17,18 +17,34 @@ Counters (inserts, samples, max priority, ...) are read at the start. The state 
 exactly the table as it was when `Snapshot` was made, however calls interleave.
 """
 
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from apexrl.replay.frames import FrameRows, FrameStore
 from apexrl.replay.state import TableState
 
+if TYPE_CHECKING:  # the table imports this module
+    from apexrl.replay.table import Table
+
 CHUNK = 16_384  # slots: ~0.8 MB of copies for Atari items, a few ms each
 
 
-class Snapshot:
-    """The copy of one table (a replay.table.Table) that the table tells before it writes."""
+@dataclass
+class _Chunk:
+    """The copies of one chunk of slots: the slots' own arrays apart from the columns, which
+    may have any name ("priorities" too)."""
 
-    def __init__(self, table):
+    slots: dict[str, np.ndarray]  # slot_keys, priorities and (if kept) times_sampled
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
+    frames: dict[str, tuple[np.ndarray, ...]] = field(default_factory=dict)  # blobs, offsets, sizes
+
+
+class Snapshot:
+    """The copy of one table that the table tells before it writes."""
+
+    def __init__(self, table: "Table") -> None:
         self.table = table
         self.used = table.used  # rows ever written: the copy's rows
         self.counters = {
@@ -36,9 +52,9 @@ class Snapshot:
             "samples": table.samples,
             "priority_updates": table.priority_updates,
             "stale_priority_updates": table.stale_priority_updates,
-            "max_priority": table.max_priority,
         }
-        self.chunks: list[dict | None] = [None] * -(-table.capacity // CHUNK)
+        self.max_priority = table.max_priority
+        self.chunks: list[_Chunk | None] = [None] * -(-table.capacity // CHUNK)
         self.next_chunk = 0
         # Priorities overwritten before their chunk was copied: the values they had (zeros
         # map lazily: pages are touched only where updates land).
@@ -68,15 +84,17 @@ class Snapshot:
     def assemble(self) -> TableState:
         """The TableState from the copied chunks: touches no table, so any thread may call it
         once `done`."""
-        table, chunks = self.table, self.chunks
-        columns = {}
+        table = self.table
+        chunks = [c for c in self.chunks if c is not None]
+        assert len(chunks) == len(self.chunks), "assembled before the copy was done"
+        columns: dict[str, np.ndarray | FrameRows] = {}
         for name, column in table.columns.items():
             if isinstance(column, FrameStore):
                 columns[name] = FrameRows(
-                    *(np.concatenate([c[name][i] for c in chunks]) for i in range(3))
+                    *(np.concatenate([c.frames[name][i] for c in chunks]) for i in range(3))
                 )
             else:
-                columns[name] = np.concatenate([c[name] for c in chunks])
+                columns[name] = np.concatenate([c.columns[name] for c in chunks])
         return TableState(
             name=table.name,
             capacity=table.capacity,
@@ -84,15 +102,16 @@ class Snapshot:
             signature=table.signature,
             rate_limiter=table.rate_limiter,
             max_batch_size=table.max_batch_size,
-            slot_keys=np.concatenate([c["slot_keys"] for c in chunks]),
-            priorities=np.concatenate([c["priorities"] for c in chunks]),
+            slot_keys=np.concatenate([c.slots["slot_keys"] for c in chunks]),
+            priorities=np.concatenate([c.slots["priorities"] for c in chunks]),
             columns=columns,
             sampler=table.sampler,
             remover=table.remover,
             max_times_sampled=table.max_times_sampled,
             times_sampled=None
             if table.times_sampled is None
-            else np.concatenate([c["times_sampled"] for c in chunks]),
+            else np.concatenate([c.slots["times_sampled"] for c in chunks]),
+            max_priority=self.max_priority,
             **self.counters,
         )
 
@@ -120,18 +139,20 @@ class Snapshot:
         table = self.table
         lo, hi = chunk * CHUNK, min((chunk + 1) * CHUNK, table.capacity)
         rows = slice(min(lo, self.used), min(hi, self.used))  # written rows only
-        part = {
-            "slot_keys": table.slot_keys[lo:hi].copy(),
-            "priorities": np.where(
-                self.saved[lo:hi], self.saved_values[lo:hi], table.priorities[lo:hi]
-            ),
-        }
+        part = _Chunk(
+            slots={
+                "slot_keys": table.slot_keys[lo:hi].copy(),
+                "priorities": np.where(
+                    self.saved[lo:hi], self.saved_values[lo:hi], table.priorities[lo:hi]
+                ),
+            }
+        )
         if table.times_sampled is not None:
-            part["times_sampled"] = table.times_sampled[lo:hi].copy()
+            part.slots["times_sampled"] = table.times_sampled[lo:hi].copy()
         for name, column in table.columns.items():
             if isinstance(column, FrameStore):
-                part[name] = (column.blobs[rows], column.offsets[rows], column.sizes[rows])
-                part[name] = tuple(a.copy() for a in part[name])
+                frames = (column.blobs[rows], column.offsets[rows], column.sizes[rows])
+                part.frames[name] = tuple(a.copy() for a in frames)
             else:
-                part[name] = column[rows].copy()
+                part.columns[name] = column[rows].copy()
         self.chunks[chunk] = part

@@ -4,12 +4,16 @@ puts back (replay/snapshot.py, replay/checkpoint.py, Table.restore)."""
 import math
 import numbers
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from apexrl.replay.frames import FrameRows
 from apexrl.replay.rate_limiters import QueueLimiter, RateLimiter
 from apexrl.replay.signature import ColumnSpec
+
+if TYPE_CHECKING:  # the table imports this module
+    from apexrl.replay.table import Table
 
 
 @dataclass(eq=False)  # holds arrays: compare Table digests instead
@@ -50,7 +54,7 @@ class TableState:
         """Items held."""
         return int(np.count_nonzero(self.slot_keys >= 0))
 
-    def check_fits(self, table) -> None:
+    def check_fits(self, table: "Table") -> None:
         """ValueError naming the field unless the state can be restored into `table` (a
         Table): configured as it is, and consistent (counters, the arrays' dtypes and shapes,
         keys that follow from inserts, priorities and counts of empty slots, columns as the
@@ -65,7 +69,7 @@ class TableState:
         self._check_slots()
         self._check_columns()
 
-    def _check_settings(self, table) -> None:
+    def _check_settings(self, table: "Table") -> None:
         if self.name != table.name:
             raise ValueError(f"name: state has {self.name!r}, table is {table.name!r}")
         if self.capacity != table.capacity:
@@ -84,7 +88,7 @@ class TableState:
 
     def _check_slots(self) -> None:
         cap, k = self.capacity, self.max_times_sampled
-        arrays = [
+        arrays: list[tuple[str, np.ndarray | None, type[np.generic]]] = [
             ("slot_keys", self.slot_keys, np.int64),
             ("priorities", self.priorities, np.float64),
         ]
@@ -110,8 +114,8 @@ class TableState:
         p = self.priorities
         if not (np.isfinite(p).all() and (p >= 0).all() and (p[empty] == 0).all()):
             raise ValueError("priorities: must be finite, >= 0, and 0 for empty slots")
-        if k:
-            t = self.times_sampled
+        t = self.times_sampled
+        if t is not None:  # kept exactly when k > 0 (checked above)
             if not ((t >= 0).all() and (t < k).all() and (t[empty] == 0).all()):
                 raise ValueError(f"times_sampled: must be in [0, {k}) and 0 for empty slots")
 
@@ -130,6 +134,10 @@ class TableState:
                 if not isinstance(array, FrameRows) or len(array) != size:
                     raise ValueError(f'columns["{s.name}"]: must be FrameRows of {size} items')
                 continue
+            if not isinstance(array, np.ndarray):
+                raise ValueError(
+                    f'columns["{s.name}"]: must be an array, got {type(array).__name__}'
+                )
             if array.dtype != s.dtype or array.shape != (size, *s.shape):
                 raise ValueError(
                     f'columns["{s.name}"]: must be {s.dtype} {[size, *s.shape]},'

@@ -44,17 +44,21 @@ class Storage:
         for name, array in batch.items():
             column = self.columns[name]
             if isinstance(column, FrameStore):
+                assert isinstance(array, Packed)  # check_batch: a compressed column's items
                 column.put(start, head, array)
                 continue
+            assert isinstance(array, np.ndarray)  # check_batch: a plain column's items
             column[start : start + head] = array[:head]
             column[: len(array) - head] = array[head:]
 
     def gather(self, slots: np.ndarray) -> dict[str, np.ndarray | Packed]:
         """Copies of the items in these slots, [len(slots), *column shape] each."""
-        out = {}
+        assert self.signature is not None  # items were inserted, so it was declared
+        out: dict[str, np.ndarray | Packed] = {}
         for spec in self.signature:
             column = self.columns[spec.name]
             if isinstance(column, FrameStore):
+                assert spec.codec is not None  # declare: compressed columns only
                 out[spec.name] = column.gather(slots, spec.codec, spec.dtype, spec.shape)
             else:
                 out[spec.name] = np.take(column, slots, axis=0)
@@ -65,7 +69,9 @@ class Storage:
         that this storage had written."""
         for name, column in self.columns.items():
             if isinstance(column, FrameStore):
-                column.restore(rows[name] if size else EMPTY_ROWS, old_size)
+                frames = rows[name] if size else EMPTY_ROWS
+                assert isinstance(frames, FrameRows)  # the state's check_fits
+                column.restore(frames, old_size)
                 continue
             if size:  # a state without items may have no signature and no columns
                 column[:size] = rows[name]
@@ -88,8 +94,8 @@ def hash_rows(h: "hashlib._Hash", column: np.ndarray | FrameStore, rows: int) ->
     """Feeds a column's first `rows` rows to a hash: a compressed column's frame sizes, then
     its frames."""
     if isinstance(column, FrameStore):
-        h.update(column.sizes[:rows])
+        h.update(column.sizes[:rows].data)
         for span in column.spans(rows):
             h.update(span)
     else:
-        h.update(np.ascontiguousarray(column[:rows]))
+        h.update(np.ascontiguousarray(column[:rows]).data)

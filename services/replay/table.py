@@ -25,7 +25,6 @@ one event loop.
 import hashlib
 import json
 import math
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -50,14 +49,11 @@ from apexrl.replay.snapshot import Snapshot
 from apexrl.replay.state import TableState
 from apexrl.replay.storage import Storage, hash_rows
 from apexrl.replay.sumtree import SumTree
+from apexrl.replay.validation import is_int, is_real
 
 # What an item costs beyond its columns: its key, its priority and its sum-tree leaf (the
 # tree's nodes are 2 x its leaves).
 _SLOT_NBYTES = 8 + 8 + 2 * 8
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 @dataclass(eq=False)  # holds arrays: == would be ambiguous
@@ -85,9 +81,9 @@ class Table:
         seed: int | None = None,
     ):
         check_name(name, "table name")
-        if not _is_int(capacity) or capacity < 1:
+        if not is_int(capacity) or capacity < 1:
             raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
-        if not isinstance(alpha, numbers.Real) or not math.isfinite(alpha) or alpha < 0:
+        if not is_real(alpha) or not math.isfinite(alpha) or alpha < 0:
             raise ValueError(f"alpha must be finite and >= 0, got {alpha!r}")
         if not isinstance(rate_limiter, RateLimiter | QueueLimiter):
             raise ValueError(
@@ -99,7 +95,7 @@ class Table:
                 f"capacity {capacity} < min_size_to_sample {rate_limiter.min_size_to_sample}:"
                 " the table could never be sampled"
             )
-        if not _is_int(max_batch_size) or max_batch_size < 1:
+        if not is_int(max_batch_size) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
         self.name = name
         self.capacity = int(capacity)
@@ -231,7 +227,7 @@ class Table:
     # --- insert ------------------------------------------------------------------------
 
     def validate_insert(
-        self, columns: Mapping[str, np.ndarray], priorities: np.ndarray | None
+        self, columns: Mapping[str, np.ndarray | Packed], priorities: np.ndarray | None
     ) -> int:
         """Checks an insert without changing anything; returns its number of items."""
         n = check_batch(columns, self.signature, self.name)
@@ -296,14 +292,14 @@ class Table:
     # --- sample ------------------------------------------------------------------------
 
     def validate_sample(self, batch_size: int, beta: float) -> None:
-        if not _is_int(batch_size) or not 1 <= batch_size <= self._item_limit:
+        if not is_int(batch_size) or not 1 <= batch_size <= self._item_limit:
             raise InvalidArgument(
                 "batch_size",
                 f"must be an integer in [1, {self._item_limit}] (min of capacity"
                 f" {self.capacity} and max_batch_size {self.max_batch_size}), got {batch_size!r}",
             )
         # The comparison is False for NaN, so NaN is rejected too.
-        if not isinstance(beta, numbers.Real) or not 0.0 <= beta <= 1.0:
+        if not is_real(beta) or not 0.0 <= beta <= 1.0:
             raise InvalidArgument("beta", f"must be in [0, 1], got {beta!r}")
         b = int(batch_size)
         self.rate_limiter.check_batches(
@@ -344,6 +340,7 @@ class Table:
 
     def _count_samples(self, slots: np.ndarray) -> None:
         """One more sample for each (distinct) slot; the items at max_times_sampled leave."""
+        assert self.times_sampled is not None  # kept when max_times_sampled > 0
         if self._snapshot is not None:
             self._snapshot.before_slots_write(slots)
         self.times_sampled[slots] += 1
@@ -424,7 +421,7 @@ class Table:
         for array in arrays:
             hash_rows(h, array, used)
         # The tree is derived from priorities, but a bug there would change sampling.
-        h.update(self.tree.values)
+        h.update(self.tree.values.data)
         return h.hexdigest()
 
     def snapshot(self) -> TableState:
@@ -478,6 +475,7 @@ class Table:
         self.slot_keys[:] = state.slot_keys
         self._priorities.restore(state)  # with the updates staged for the contents replaced
         if self.times_sampled is not None:
+            assert state.times_sampled is not None  # check_fits: the same max_times_sampled
             self.times_sampled[:] = state.times_sampled
         self._held = state.size
         self._sampler.restored(int(state.inserts), self.capacity)

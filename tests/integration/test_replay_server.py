@@ -10,7 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from apexrl.common import tensors
+from apexrl.common import codec, tensors
 from apexrl.replay.client import AckedStream, StreamEnded, insert_request
 from apexrl.v1 import replay_pb2, tensor_pb2
 from tests.conftest import transitions, wait_for
@@ -256,6 +256,14 @@ BAD_UPDATES = {
     "length mismatch": (_update(np.array([1, 2, 3]), np.array([1.0, 1.0])), "priorities"),
     "float keys": (_update(np.array([1.0, 2.0]), np.array([1.0, 1.0])), "keys"),
     "empty": (_update(np.zeros(0, np.int64), np.zeros(0)), "keys"),
+    "compressed keys": (
+        replay_pb2.UpdatePrioritiesRequest(
+            table="default",
+            keys=tensors.to_proto(codec.compress(np.array([1, 2], np.int64))),
+            priorities=_tensor(np.ones(2)),
+        ),
+        "keys.codec",
+    ),
     "garbage bytes": (
         replay_pb2.UpdatePrioritiesRequest(
             table="default",

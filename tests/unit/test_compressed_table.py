@@ -120,6 +120,26 @@ def test_checkpoint_restores_frames_exactly(tmp_path):
         np.testing.assert_array_equal(item, played[action])
 
 
+def test_a_column_named_as_the_tables_own_arrays_survives_a_checkpoint(tmp_path):
+    """A snapshot keeps the table's arrays (priorities, slot_keys, times_sampled) apart from
+    its columns: columns of those names restore as inserted, beside the table's own."""
+    signature = parse_signature("priorities:float32:,slot_keys:int32:,times_sampled:uint8:")
+    t = Table("t", 8, max_times_sampled=3, signature=signature)
+    columns = {
+        "priorities": np.arange(5, dtype=np.float32) - 9,
+        "slot_keys": np.arange(5, dtype=np.int32) + 100,
+        "times_sampled": np.full(5, 7, np.uint8),
+    }
+    t.insert(columns, np.arange(1.0, 6.0))
+    t.sample(2, 0.4)
+    path, _ = checkpoint.write_checkpoint(tmp_path, [t.snapshot()])
+    (state,) = checkpoint.read_checkpoint(path)
+    restored = Table.from_state(state)
+    assert restored.digest() == t.digest()
+    for name, values in columns.items():
+        np.testing.assert_array_equal(restored.columns[name][:5], values)
+
+
 def test_digest_sees_a_changed_frame():
     a, b = table(), table()
     columns, _ = batch(3)
