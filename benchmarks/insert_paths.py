@@ -18,7 +18,7 @@ aggregate over the same window.
 priorities (priorities/s, keys of live items, float32 priorities):
 - update_priorities_512: ReplayClient.update_priorities, 512 keys a call, one call at a time
   (each sent on the client's long-lived UpdatePrioritiesStream and waited for);
-- learner_priorities_512: the learner's own sender (learner.training.write_priorities, as
+- learner_priorities_512: the learner's own sender (learner.write_back.write_priorities, as
   Learner._write_priorities runs it: coalesced and pipelined) writing 512-key updates that a
   producer keeps queued, as a learner faster than the replay would;
 - unary_ceiling_calls: a trivial unary call (health Check) on the same replay, one at a time:
@@ -242,7 +242,7 @@ def learner_priorities(
 ) -> tuple[float, bool]:
     """Priorities/s through the learner's sender with updates always queued; and whether the
     replay counted every one of them."""
-    from apexrl.learner.training import Learner, write_priorities
+    from apexrl.learner.write_back import COALESCE, write_priorities
 
     queued: queue.Queue = queue.Queue()
     stop, done = threading.Event(), threading.Event()
@@ -251,7 +251,7 @@ def learner_priorities(
     def produce() -> None:
         i = 0
         while not done.is_set():
-            if queued.qsize() < 4 * Learner.COALESCE * senders:
+            if queued.qsize() < 4 * COALESCE * senders:
                 queued.put(updates[i % len(updates)])
                 i += 1
             else:
@@ -267,7 +267,7 @@ def learner_priorities(
     timer = threading.Timer(seconds, done.set)
     started = time.perf_counter()
     timer.start()
-    write_priorities(client, queued, stop, count, coalesce=Learner.COALESCE, senders=senders)
+    write_priorities(client, queued, stop, count, coalesce=COALESCE, senders=senders)
     elapsed = time.perf_counter() - started
     producer.join()
     after = client.info()
@@ -317,13 +317,13 @@ def reverb_mutate(python: str, seconds: float, seed: int) -> float:
 
 
 def main() -> None:
-    from apexrl.learner.training import Learner
+    from apexrl.learner.write_back import SENDERS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--paths", default=",".join(PATHS), help=f"some of {', '.join(PATHS)}")
-    parser.add_argument("--senders", type=int, default=Learner.PRIORITY_SENDERS,
+    parser.add_argument("--senders", type=int, default=SENDERS,
                         help="priority calls in flight on the learner's path")  # fmt: skip
     parser.add_argument("--reverb", default="", metavar="PYTHON",
                         help="a Python with dm-reverb: also measure Reverb's mutate_priorities "

@@ -98,7 +98,7 @@ GROUPS = {
         ],
     ),
     "write_back": Group(
-        ["learner/training.py"],
+        ["learner/write_back.py", "learner/training.py"],
         ["tests/unit/test_priority_writes.py", "tests/unit/test_learner_write_back.py"],
         [
             "*.x_write_priorities__mutmut_*",

@@ -5,6 +5,7 @@ Each change is sent in the order given; the first one refused stops the rest."""
 import sys
 
 from apexrl import config as cfg
+from apexrl.command_config import SetConfig
 
 PROG = "apexrl set"
 
@@ -28,7 +29,7 @@ def changes(words: list[str]) -> list[tuple[str, float]]:
 
 def main(argv: list[str]) -> int:
     words = [a for a in argv if "=" in a and not a.startswith("-")]
-    config = cfg.parse(cfg.SetConfig, [a for a in argv if a not in words], "set", PROG)
+    config = cfg.parse(SetConfig, [a for a in argv if a not in words], "set", PROG)
     try:
         wanted = changes(words)
     except ValueError as err:

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from apexrl import config as cfg
+from apexrl.command_config import EvalConfig
 
 
 def saved_agent(saved: dict) -> cfg.AgentConfig:
@@ -30,7 +31,7 @@ def main(argv: list[str]) -> int:
     from apexrl.algorithms.envs import EnvOptions
     from apexrl.algorithms.evaluation import evaluate
 
-    config = cfg.parse(cfg.EvalConfig, argv, "eval", "apexrl eval")
+    config = cfg.parse(EvalConfig, argv, "eval", "apexrl eval")
     if config.episodes < 1:
         return _refuse(f"episodes: must be >= 1, got {config.episodes}")
     path, meta, arrays = _checkpoint(Path(config.checkpoint), config.latest)

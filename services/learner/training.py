@@ -6,7 +6,7 @@
   pinned memory on CUDA (a dataset that must not run ahead is sampled in the train thread);
 - train (the caller's thread): the algorithm's update step; it hands new priorities to
 - priorities: writes them back to replay, coalescing what queued up meanwhile, never
-  stalling the step.
+  stalling the step (learner/write_back.py).
 Every publish_interval updates the algorithm's parameters become a new version (every update
 where the dataset needs each batch from the newest version: the actors wait for each).
 """
@@ -15,7 +15,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -23,15 +23,15 @@ import torch
 
 from apexrl.algorithms.base import Builder
 from apexrl.algorithms.columns import unpack
-from apexrl.common.codec import Packed
 from apexrl.common.errors import InvalidArgument
 from apexrl.common.parameters import ParameterStore
-from apexrl.common.tensors import codec_to_proto, dtype_from_proto
 from apexrl.config import LearnerConfig
 from apexrl.learner import checkpoint
 from apexrl.learner.device import autocast_dtype, pick_device
 from apexrl.learner.metrics import LearnerMetrics
+from apexrl.learner.replay_checks import check_columns, check_table
 from apexrl.learner.scheduled import ScheduledSettings
+from apexrl.learner.write_back import COALESCE, SENDERS, write_priorities
 from apexrl.replay.client import Replay
 from apexrl.replay.sharded import connect
 
@@ -40,9 +40,6 @@ log = logging.getLogger(__name__)
 
 class Learner:
     """An algorithm's Learning, its counters and parameter versions; trains until told to stop."""
-
-    COALESCE = 16  # at most this many updates' priorities go to replay in one call
-    PRIORITY_SENDERS = 4  # at most this many priority calls in flight at once
 
     def __init__(
         self,
@@ -137,54 +134,6 @@ class Learner:
 
     # --- training ---------------------------------------------------------------------------
 
-    def check_columns(self, columns: dict[str, np.ndarray], declared=None) -> None:
-        """A sampled batch must carry the algorithm's columns (another algorithm's actors, or a
-        table filled for another env, would otherwise fail somewhere deep in the loss)."""
-        got = {
-            name: (np.dtype(a.dtype), tuple(a.item_shape if isinstance(a, Packed) else a.shape[1:]))
-            for name, a in columns.items()
-        }
-        declared = self.columns.values() if declared is None else declared
-        want = {c.name: (c.dtype, c.shape) for c in declared}
-        if got != want:
-            raise ValueError(f"replay columns {got} are not algorithm {self.builder.name}'s {want}")
-
-    def check_table(self, info) -> None:
-        """The replay's table must be the one the algorithm declares (sampler, remover,
-        max_times_sampled, rate limiter, the priority exponent, and the columns once it has a
-        signature): a mismatch is a configuration error naming the table and the setting. The
-        sizes and the rate limiter's ratio are the replay's to tune (local mode splits sizes
-        over its shards)."""
-        want = {t.name: t for t in self.builder.tables()}[info.name]
-        got = {
-            "sampler": info.sampler,
-            "remover": info.remover,
-            "max_times_sampled": info.max_times_sampled,
-            "rate_limiter": info.rate_limiter,
-        }
-        if want.sampler == "prioritized":
-            got["alpha"] = info.alpha
-        for setting, value in got.items():
-            if value != getattr(want, setting):
-                raise ValueError(
-                    f"replay table {info.name!r}: {setting} is {value!r}, algorithm"
-                    f" {self.builder.name} needs {getattr(want, setting)!r} (make the"
-                    " replay's tables from the algorithm's settings: `apexrl tables`)"
-                )
-        columns = {
-            (c.name, dtype_from_proto(c.dtype, c.name), tuple(c.shape), c.codec)
-            for c in info.signature
-        }
-        needed = {
-            (c.name, np.dtype(c.dtype), tuple(c.shape), codec_to_proto(c.codec))
-            for c in self.builder.table_columns(info.name)
-        }
-        if columns and columns != needed:
-            raise ValueError(
-                f"replay table {info.name!r}: signature {want.signature!r} is what algorithm"
-                f" {self.builder.name} inserts; the table's columns differ"
-            )
-
     def decode(self, batch, declared=None) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """A sampled batch's transition fields (frames decompressed), weights and keys; items
         whose frames do not decode are dropped, counted and logged (the first time)."""
@@ -217,7 +166,7 @@ class Learner:
 
     def train(self, replay: Replay) -> None:
         """Runs until `stop` is set (or max_updates). Call from its own thread."""
-        self.check_table(replay.info())
+        check_table(self.builder, replay.info())
         batches: queue.Queue = queue.Queue(maxsize=self.config.prefetch)
         priorities: queue.Queue = queue.Queue()
         threads = [
@@ -256,7 +205,7 @@ class Learner:
                 stop=self.stop,
             )
             try:
-                self.check_table(client.info())
+                check_table(self.builder, client.info())
             except Exception:
                 for opened in [client, *(other for _, other, _ in auxiliary)]:
                     opened.close()
@@ -363,10 +312,11 @@ class Learner:
     def _decoded(self, sampled: Iterator, declared=None) -> Iterator:
         """Sampled batches as tensors on the device (to_device); the first one's columns
         checked; a batch whose every item's frames were damaged skipped."""
+        declared = list(self.columns.values()) if declared is None else declared
         checked = False
         for batch in sampled:
             if not checked:
-                self.check_columns(batch.columns, declared)
+                check_columns(self.builder, batch.columns, declared)
                 checked = True
             item = self.to_device(batch, declared)
             if len(item[2]):
@@ -403,82 +353,6 @@ class Learner:
             priorities,
             self.stop,
             self.metrics.priority_updates.inc,
-            coalesce=self.COALESCE,
-            senders=self.PRIORITY_SENDERS,
+            coalesce=COALESCE,
+            senders=SENDERS,
         )
-
-
-def write_priorities(
-    replay,
-    updates: queue.Queue,
-    stop: threading.Event,
-    sent: Callable[[int], object],
-    *,
-    coalesce: int,
-    senders: int,
-) -> None:
-    """Writes the (keys, priorities) pairs `updates` yields to `replay` (anything with
-    `update_priorities(keys, priorities)`) until it yields None, then returns once every call
-    has ended; `sent(n)` counts the priorities of each call that succeeded.
-
-    `senders` threads (this one among them) each coalesce up to `coalesce` queued updates, or
-    what arrives in 20 ms, into one call: a replay call costs far more than a few thousand keys
-    do, and with several calls in flight the replay works on one while the next travels.
-    Calls in flight together may be sent in either order, so for a key in two of them the older
-    priority can win; priorities are advisory and the key's next sample sets it again. A failed
-    call is logged and dropped for the same reason; once `stop` is set, a failure ends its
-    sender quietly (the replay client was closed under it).
-    """
-    others = [
-        threading.Thread(
-            target=_send_priorities,
-            args=(replay, updates, stop, sent, coalesce),
-            name=f"priorities-{i}",
-            daemon=True,
-        )
-        for i in range(1, senders)
-    ]
-    for thread in others:
-        thread.start()
-    _send_priorities(replay, updates, stop, sent, coalesce)
-    for thread in others:
-        thread.join()
-
-
-def _send_priorities(
-    replay,
-    updates: queue.Queue,
-    stop: threading.Event,
-    sent: Callable[[int], object],
-    coalesce: int,
-) -> None:
-    """One sender of write_priorities: coalesce, send, repeat; the None that ends it goes back
-    into `updates` for the other senders."""
-    done = False
-    while not done:
-        item = updates.get()
-        if item is None:
-            updates.put(None)
-            return
-        pending = [item]
-        deadline = time.monotonic() + 0.02
-        while len(pending) < coalesce:
-            try:
-                item = updates.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if item is None:
-                updates.put(None)
-                done = True
-                break
-            pending.append(item)
-        keys = np.concatenate([k for k, _ in pending])
-        values = np.concatenate([p for _, p in pending])
-        try:
-            replay.update_priorities(keys, values)
-        except Exception as err:  # priorities are advisory: log and carry on
-            if stop.is_set():
-                return
-            log.warning("priority update of %d keys failed: %s", len(keys), err)
-        else:
-            sent(len(keys))

@@ -6,7 +6,7 @@ import math
 import sys
 import time
 
-from apexrl import config as cfg
+from apexrl.command_config import LocalConfig
 from apexrl.local.supervision import Run
 
 
@@ -38,7 +38,7 @@ FIELDS = [
 
 
 def monitor(
-    run: Run, config: cfg.LocalConfig, target: float, rows: list[dict], stop, started, scalars
+    run: Run, config: LocalConfig, target: float, rows: list[dict], stop, started, scalars
 ) -> tuple[str, int]:
     tty = sys.stdout.isatty()
     last_print = 0.0

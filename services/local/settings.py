@@ -10,6 +10,7 @@ import tomli_w
 
 from apexrl import config as cfg
 from apexrl.algorithms.envs import EnvOptions, is_atari
+from apexrl.command_config import LocalConfig
 from apexrl.replay_tables import entry as table_entry
 from apexrl.schedules import Schedule
 
@@ -32,17 +33,17 @@ ATARI_DEFAULTS: dict[str, dict[str, Any]] = {
 TABLE_SETTINGS = {f.name for f in dataclasses.fields(cfg.ReplayTableConfig)} | {"table", "tables"}
 
 
-def parse(argv: list[str]) -> cfg.LocalConfig:
+def parse(argv: list[str]) -> LocalConfig:
     """Local mode's settings; the algorithm's own ones over its presets for the env."""
     from apexrl import algorithms
 
     prog = "apexrl local"
-    config = cfg.parse(cfg.LocalConfig, argv, "local", prog, algorithms.REGISTRY)
+    config = cfg.parse(LocalConfig, argv, "local", prog, algorithms.REGISTRY)
     builder = algorithms.get(config.algorithm)
     presets = builder.presets(config.env)
     if presets.get(builder.name):
         defaults = {builder.name: presets[builder.name]}
-        config = cfg.parse(cfg.LocalConfig, argv, "local", prog, algorithms.REGISTRY, defaults)
+        config = cfg.parse(LocalConfig, argv, "local", prog, algorithms.REGISTRY, defaults)
     return config
 
 
@@ -87,7 +88,7 @@ def dump_toml(data: dict) -> str:
     return tomli_w.dumps(plain(data))
 
 
-def write_config(config: cfg.LocalConfig, user_file: dict, run_dir: Path) -> dict:
+def write_config(config: LocalConfig, user_file: dict, run_dir: Path) -> dict:
     """Every service's settings, as local mode runs them (defaults, the algorithm's presets,
     Atari's, the user's file, the command line), written to run_dir/config.toml."""
     from apexrl import algorithms

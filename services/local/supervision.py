@@ -14,7 +14,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from apexrl import config as cfg
+from apexrl.command_config import LocalConfig
 from apexrl.common.ports import free_port
 from apexrl.local.settings import write_config
 
@@ -54,7 +54,7 @@ class Child:
 
 
 class Run:
-    def __init__(self, config: cfg.LocalConfig, user_file: dict, run_dir: Path):
+    def __init__(self, config: LocalConfig, user_file: dict, run_dir: Path):
         self.config, self.run_dir = config, run_dir
         self.children: list[Child] = []
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)

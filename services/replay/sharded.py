@@ -10,9 +10,9 @@ rate limiter and checkpoints. The client does the global maths:
   importance weight (N P(i))^-beta normalized by the batch's largest, N = the items of every
   live shard. Each item's marginal probability and weight are those of one table holding every
   item; stratification is per shard. T_s and sizes of shards not in a batch come from their
-  last response or Info, refreshed when older than VIEW_SECONDS. A shard with T_s = 0 (empty)
-  gets no share; when every shard is empty the batch goes to one shard, whose rate limiter
-  holds it until the table can be sampled, as one table's would.
+  last response or Info, refreshed when older than Shards.VIEW_SECONDS. A shard with T_s = 0
+  (empty) gets no share; when every shard is empty the batch goes to one shard, whose rate
+  limiter holds it until the table can be sampled, as one table's would.
 - Inserts go round robin over the live shards, one batch per shard. The rate limiter is each
   shard's own (min_size_to_sample, samples_per_insert, error_buffer per shard): with several
   live shards, an insert a shard holds longer than HOP_SECONDS moves on to the next (a request
@@ -24,22 +24,15 @@ rate limiter and checkpoints. The client does the global maths:
   client has never seen is an error (nothing is sent); keys of a shard that is down are
   dropped and counted (`dropped_priority_updates`), as stale keys are.
 - A shard that answers UNAVAILABLE is down: sampling and inserts go on with the others (the
-  weights renormalized over them), and it is asked again every RETRY_SECONDS; it rejoins when it
-  answers (restarted from its checkpoint, its keys are valid again).
+  weights renormalized over them) until it rejoins.
 
-Addresses: "h0:p,h1:p,..." are shards 0, 1, ... in that order (a shard that answers with
-another id is an error naming it); "dns:///name:port" makes every address the name resolves
-to a shard (a Kubernetes headless Service: only ready pods resolve), re-resolved every
-RESOLVE_SECONDS, so shards that are added are picked up.
+Which shards there are (the addresses), which of them answer and their views are Shards'
+(shards.py); this client marks the shards its calls find down.
 """
 
-import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
@@ -49,16 +42,10 @@ from apexrl.common import codec
 from apexrl.common.backoff import Backoff, server_gone
 from apexrl.replay import keys as keyspace
 from apexrl.replay.client import Replay, ReplayClient, SampledBatch
-from apexrl.v1 import replay_pb2, tensor_pb2
+from apexrl.replay.shards import DNS_PREFIX, Shard, ShardError, Shards
+from apexrl.v1 import replay_pb2
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-DNS_PREFIX = "dns:///"
-
-
-class ShardError(ValueError):
-    """A shard set that cannot work: a wrong shard id, different tables, a key of no shard."""
 
 
 def connect(address: str, **options) -> Replay:
@@ -68,23 +55,8 @@ def connect(address: str, **options) -> Replay:
     return ReplayClient(address, **options)
 
 
-@dataclass
-class Shard:
-    id: int
-    address: str
-    client: ReplayClient
-    total: float = 0.0  # sum of p^alpha, as last seen
-    size: int = 0
-    seen: float = 0.0  # monotonic time of the view
-    alive: bool = True
-    retry_at: float = 0.0
-
-
 class ShardedReplayClient:
     HOP_SECONDS = 0.05
-    VIEW_SECONDS = 1.0
-    RETRY_SECONDS = 1.0
-    RESOLVE_SECONDS = 5.0
 
     def __init__(
         self,
@@ -102,180 +74,18 @@ class ShardedReplayClient:
         (the process's) is set."""
         self.address, self.table, self.timeout = address, table, timeout
         self.retry_seconds, self.stop = retry_seconds, stop or threading.Event()
-        self._options = options
-        self._dns = address.startswith(DNS_PREFIX)
-        self._listed = [] if self._dns else [a.strip() for a in address.split(",")]
-        if not self._dns and not all(self._listed):
-            raise ValueError(f"replay: empty shard address in {address!r}")
-        self._shards: dict[int, Shard] = {}  # by shard id
-        self._clients: dict[str, ReplayClient] = {}  # by address, for shards not yet known
+        self._shards = Shards(address, table=table, timeout=timeout, options=options)
         self._lock = threading.Lock()
-        self._discovered = 0.0
         self._next_insert = 0
         self._rng = np.random.default_rng(seed)
-        self._pool = ThreadPoolExecutor(16, thread_name_prefix="shards")
-        self._reference: replay_pb2.TableInfo | None = None  # the table every shard must match
         self.dropped_priority_updates = 0
-
-    # --- discovery -------------------------------------------------------------------------
-
-    def _addresses(self) -> list[str]:
-        if not self._dns:
-            return self._listed
-        host, _, port = self.address[len(DNS_PREFIX) :].rpartition(":")
-        try:
-            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except socket.gaierror as err:
-            log.warning("replay: cannot resolve %s: %s", host, err)
-            return [s.address for s in self._all()]
-        ips = sorted({str(info[4][0]) for info in infos})  # an IP: a str for AF_INET(6)
-        return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips]
-
-    def _discover(self, force: bool = False) -> None:
-        """Asks every address that is not a live shard yet for its Info (in parallel)."""
-        now = time.monotonic()
-        if not force and now - self._discovered < self.RESOLVE_SECONDS:
-            return
-        self._discovered = now
-        addresses = self._addresses()
-        live = {s.address for s in self._all() if s.alive}
-        asked = [a for a in addresses if a not in live]
-        position_of = {a: i for i, a in enumerate(addresses)}
-        for position, info, address in zip(
-            [position_of[a] for a in asked],
-            self._map(lambda a: self._info(self._client(a)), asked),
-            asked,
-            strict=True,
-        ):
-            if isinstance(info, BaseException):
-                continue  # down: asked again at the next discovery
-            self._join(address, position, *info)
-
-    def _client(self, address: str) -> ReplayClient:
-        with self._lock:
-            if address not in self._clients:
-                # A shard found through a name is dialled by IP; TLS still checks the name.
-                name = self.address[len(DNS_PREFIX) :].rpartition(":")[0] if self._dns else ""
-                options = dict(self._options)
-                channel = tuple(options.pop("channel_options", ()))
-                if name:
-                    channel += (("grpc.ssl_target_name_override", name),)
-                self._clients[address] = ReplayClient(
-                    address,
-                    table=self.table,
-                    timeout=self.timeout,
-                    retry_seconds=0,
-                    channel_options=channel,
-                    **options,
-                )
-            return self._clients[address]
-
-    def _info(self, client: ReplayClient) -> tuple[int, replay_pb2.TableInfo]:
-        response = client.stub.Info(replay_pb2.InfoRequest(), timeout=min(self.timeout, 5.0))
-        for table in response.tables:
-            if table.name == self.table:
-                return response.shard, table
-        raise ShardError(f"replay shard at {client.address} has no table {self.table!r}")
-
-    def _join(self, address: str, position: int, shard_id: int, info) -> None:
-        if not self._dns and shard_id != position:
-            raise ShardError(
-                f"replay shard {position} ({address}) answers as shard {shard_id}: "
-                f"list the shards in order of their shard setting"
-            )
-        with self._lock:
-            other = self._shards.get(shard_id)
-            if other is not None and other.alive and other.address != address:
-                raise ShardError(
-                    f"replay shard {shard_id}: both {other.address} and {address} answer as it"
-                )
-            self._check_table(shard_id, address, info)
-            shard = Shard(shard_id, address, self._clients[address])
-            self._view(shard, info.total_priority, info.size)
-            if other is not None and other.address != address:
-                log.info("replay shard %d moved from %s to %s", shard_id, other.address, address)
-            elif other is None:
-                log.info("replay shard %d joined at %s (%d items)", shard_id, address, info.size)
-            else:
-                log.info("replay shard %d is back (%d items)", shard_id, info.size)
-            self._shards[shard_id] = shard
-
-    def _check_table(self, shard_id: int, address: str, info: replay_pb2.TableInfo) -> None:
-        reference = self._reference
-        if reference is not None:
-            if info.alpha != reference.alpha:
-                raise ShardError(
-                    f"replay shard {shard_id} ({address}): table {self.table!r} has alpha "
-                    f"{info.alpha}, the other shards {reference.alpha}"
-                )
-            if info.signature and reference.signature and _signature(info) != _signature(reference):
-                raise ShardError(
-                    f"replay shard {shard_id} ({address}): table {self.table!r} has signature "
-                    f"{_signature(info)}, the other shards {_signature(reference)}"
-                )
-        if reference is None or (info.signature and not reference.signature):
-            self._reference = info
-
-    def _view(self, shard: Shard, total: float, size: int) -> None:
-        shard.total, shard.size, shard.seen = total, size, time.monotonic()
-
-    def _down(self, shard: Shard, err: grpc.RpcError) -> None:
-        with self._lock:
-            if shard.alive:
-                log.warning(
-                    "replay shard %d (%s) is down: %s", shard.id, shard.address, _short(err)
-                )
-            shard.alive, shard.retry_at = False, time.monotonic() + self.RETRY_SECONDS
-
-    def _live(self) -> list[Shard]:
-        """The live shards, after asking the ones that are due (down ones, stale views)."""
-        self._discover()
-        now = time.monotonic()
-        due = [
-            s
-            for s in self._all()
-            if s.retry_at <= now and (not s.alive or now - s.seen > self.VIEW_SECONDS)
-        ]
-        for shard, info in zip(due, self._map(lambda s: self._info(s.client), due), strict=True):
-            if isinstance(info, grpc.RpcError):
-                self._down(shard, info)
-            elif isinstance(info, BaseException):
-                raise info
-            elif info[0] != shard.id:
-                raise ShardError(
-                    f"replay shard {shard.id} ({shard.address}) now answers as shard {info[0]}"
-                )
-            else:
-                with self._lock:
-                    self._check_table(shard.id, shard.address, info[1])
-                    was_down, shard.alive = not shard.alive, True
-                self._view(shard, info[1].total_priority, info[1].size)
-                if was_down:
-                    log.info("replay shard %d (%s) is back", shard.id, shard.address)
-        return sorted((s for s in self._all() if s.alive), key=lambda s: s.id)
-
-    def _all(self) -> list[Shard]:
-        with self._lock:
-            return list(self._shards.values())
-
-    def _map(self, call: Callable[..., T], items: list) -> list[T | BaseException]:
-        """call(item) for every item, in parallel (the first in this thread); errors returned."""
-
-        def safe(item):
-            try:
-                return call(item)
-            except Exception as err:
-                return err
-
-        futures = [self._pool.submit(safe, item) for item in items[1:]]
-        return ([safe(items[0])] if items else []) + [f.result() for f in futures]
 
     def _with_live(self, what: str, attempt: Callable[[list[Shard]], T | None]) -> T:
         """attempt(live shards) until it succeeds, while some shard may come back within
         retry_seconds (attempt marks the shards it finds down)."""
         started, backoff = time.monotonic(), Backoff()
         while True:
-            live = self._live()
+            live = self._shards.live()
             if live:
                 result = attempt(live)
                 if result is not None:
@@ -286,9 +96,7 @@ class ShardedReplayClient:
                 raise NoShard(f"replay {what}: no shard of {self.address} answers")
             if self.stop.wait(backoff.next_delay()):
                 raise NoShard(f"replay {what}: no shard of {self.address} answers (stopping)")
-            self._discover(force=True)
-
-    # --- verbs -----------------------------------------------------------------------------
+            self._shards.discover(force=True)
 
     def insert(
         self, columns: Mapping[str, np.ndarray | codec.Packed], priorities: np.ndarray | None = None
@@ -308,7 +116,7 @@ class ShardedReplayClient:
                     )
                 except grpc.RpcError as err:
                     if server_gone(err, self.stop.is_set()):
-                        self._down(shard, err)
+                        self._shards.down(shard, err)
                         return None
                     if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED or last:
                         raise
@@ -326,16 +134,16 @@ class ShardedReplayClient:
                 with self._lock:
                     counts[self._next_insert % len(live)] = batch_size
             asked = [(s, int(c)) for s, c in zip(live, counts, strict=True) if c > 0]
-            results = self._map(lambda sc: sc[0].client.sample_response(sc[1], beta), asked)
+            results = self._shards.map(lambda sc: sc[0].client.sample_response(sc[1], beta), asked)
             down = False
             for (shard, _), result in zip(asked, results, strict=True):
                 if isinstance(result, grpc.RpcError) and server_gone(result, self.stop.is_set()):
-                    self._down(shard, result)
+                    self._shards.down(shard, result)
                     down = True
                 elif isinstance(result, BaseException):
                     raise result
                 else:
-                    self._view(shard, result.total_priority, result.table_size)
+                    shard.note(result.total_priority, result.table_size)
             if down:
                 return None
             return self._merge([(s, r) for (s, _), r in zip(asked, results, strict=True)], beta)
@@ -345,7 +153,7 @@ class ShardedReplayClient:
     def _merge(self, parts: list, beta: float) -> SampledBatch:
         """One batch from the shards' responses, with global probabilities and weights."""
         batches = [SampledBatch.from_proto(response) for _, response in parts]
-        live = [s for s in self._all() if s.alive]
+        live = [s for s in self._shards.known() if s.alive]
         total = sum(s.total for s in live)  # the sampled ones' views are this batch's
         size = sum(s.size for s in live)
         probabilities = np.concatenate(
@@ -390,8 +198,8 @@ class ShardedReplayClient:
                 f"{list(priorities.shape)} differ or are not 1-D"
             )
         owners = keyspace.shard_of(keys)
-        self._live()
-        shards = {s.id: s for s in self._all()}
+        self._shards.live()
+        shards = {s.id: s for s in self._shards.known()}
         unknown = np.flatnonzero(~np.isin(owners, list(shards)))
         if len(unknown):
             i = int(unknown[0])
@@ -402,7 +210,7 @@ class ShardedReplayClient:
         parts = [(shards[int(s)], owners == s) for s in np.unique(owners)]
         live = [(shard, mask) for shard, mask in parts if shard.alive]
         dropped = sum(int(mask.sum()) for shard, mask in parts if not shard.alive)
-        results = self._map(
+        results = self._shards.map(
             lambda sm: sm[0].client.update_priorities(keys[sm[1]], priorities[sm[1]]), live
         )
         updated = stale = 0
@@ -411,7 +219,7 @@ class ShardedReplayClient:
                 server_gone(result, self.stop.is_set())
                 or result.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             ):
-                self._down(shard, result)
+                self._shards.down(shard, result)
                 dropped += int(mask.sum())
             elif isinstance(result, BaseException):
                 raise result
@@ -423,8 +231,8 @@ class ShardedReplayClient:
 
     def shard_infos(self) -> dict[int, replay_pb2.TableInfo]:
         """Each live shard's table, by shard id."""
-        live = self._live()
-        infos = self._map(lambda s: self._info(s.client), live)
+        live = self._shards.live()
+        infos = self._shards.map(lambda s: self._shards.table_info(s.client), live)
         return {s.id: i[1] for s, i in zip(live, infos, strict=True) if isinstance(i, tuple)}
 
     def info(self) -> replay_pb2.TableInfo:
@@ -452,14 +260,10 @@ class ShardedReplayClient:
 
     def checkpoint(self) -> list[replay_pb2.CheckpointResponse]:
         """A checkpoint on every live shard (each its own file)."""
-        return [s.client.checkpoint() for s in self._live()]
+        return [s.client.checkpoint() for s in self._shards.live()]
 
     def close(self) -> None:
-        with self._lock:
-            clients = list(self._clients.values())
-        for client in clients:
-            client.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._shards.close()
 
     def __enter__(self) -> "ShardedReplayClient":
         return self
@@ -476,17 +280,3 @@ class NoShard(grpc.RpcError):
 
     def details(self) -> str:
         return str(self)
-
-
-def _signature(info: replay_pb2.TableInfo) -> str:
-    """The columns in name order (a signature fixed by a first insert has its dict's order)."""
-    columns = sorted(info.signature, key=lambda c: c.name)
-    return ",".join(
-        f"{c.name}:{tensor_pb2.DType.Name(c.dtype).lower()}:{list(c.shape)}"
-        + (f":{tensor_pb2.Codec.Name(c.codec).lower()}" if c.codec else "")
-        for c in columns
-    )
-
-
-def _short(err: grpc.RpcError) -> str:
-    return f"{err.code().name}: {err.details()}" if hasattr(err, "details") else str(err)

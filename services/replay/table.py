@@ -16,40 +16,32 @@ The table is composed of plain values, checked together once (replay/composition
   sample, and a batch holds distinct items (fifo and lifo batches always do);
 - rate limiter (replay/rate_limiters.py): when inserts and samples may go ahead.
 
-Every mutating method validates its whole request before touching anything, so a
-rejected request (InvalidArgument / FailedPrecondition) leaves the table byte-for-byte
-unchanged, as digest() shows. The table is not thread-safe: the server calls it from
-one event loop.
+Every mutating method validates its whole request before touching anything
+(replay/table_checks.py), so a rejected request (InvalidArgument / FailedPrecondition) leaves
+the table byte-for-byte unchanged, as digest() shows. The table is not thread-safe: the server
+calls it from one event loop.
 """
 
 import hashlib
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from apexrl.common.codec import Packed
-from apexrl.common.errors import FailedPrecondition, InvalidArgument
-from apexrl.replay.composition import check_composition
+from apexrl.common.errors import FailedPrecondition
 from apexrl.replay.frames import FrameStore
-from apexrl.replay.priorities import Priorities, check_priorities
+from apexrl.replay.priorities import Priorities
 from apexrl.replay.rate_limiters import QueueLimiter, RateLimiter
 from apexrl.replay.removers import REMOVERS
 from apexrl.replay.samplers import SAMPLERS
-from apexrl.replay.signature import (
-    ColumnSpec,
-    check_batch,
-    check_name,
-    check_signature,
-    signature_of,
-)
+from apexrl.replay.signature import ColumnSpec, check_signature, signature_of
 from apexrl.replay.snapshot import Snapshot
 from apexrl.replay.state import TableState
 from apexrl.replay.storage import Storage, hash_rows
 from apexrl.replay.sumtree import SumTree
-from apexrl.replay.validation import is_int, is_real
+from apexrl.replay.table_checks import check_insert, check_sample, check_settings
 
 # What an item costs beyond its columns: its key, its priority and its sum-tree leaf (the
 # tree's nodes are 2 x its leaves).
@@ -80,23 +72,9 @@ class Table:
         max_batch_size: int = 65536,
         seed: int | None = None,
     ):
-        check_name(name, "table name")
-        if not is_int(capacity) or capacity < 1:
-            raise ValueError(f"capacity must be an integer >= 1, got {capacity!r}")
-        if not is_real(alpha) or not math.isfinite(alpha) or alpha < 0:
-            raise ValueError(f"alpha must be finite and >= 0, got {alpha!r}")
-        if not isinstance(rate_limiter, RateLimiter | QueueLimiter):
-            raise ValueError(
-                f"rate_limiter must be a RateLimiter or QueueLimiter, got {rate_limiter!r}"
-            )
-        check_composition(name, sampler, remover, max_times_sampled, rate_limiter.kind)
-        if isinstance(rate_limiter, RateLimiter) and capacity < rate_limiter.min_size_to_sample:
-            raise ValueError(
-                f"capacity {capacity} < min_size_to_sample {rate_limiter.min_size_to_sample}:"
-                " the table could never be sampled"
-            )
-        if not is_int(max_batch_size) or max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
+        check_settings(
+            name, capacity, sampler, remover, max_times_sampled, alpha, rate_limiter, max_batch_size
+        )
         self.name = name
         self.capacity = int(capacity)
         self.sampler = sampler
@@ -220,28 +198,13 @@ class Table:
         storage = self._storage
         return self.size * (_SLOT_NBYTES + storage.item_nbytes) + storage.frame_nbytes
 
-    @property
-    def _item_limit(self) -> int:
-        return min(self.capacity, self.max_batch_size)
-
     # --- insert ------------------------------------------------------------------------
 
     def validate_insert(
         self, columns: Mapping[str, np.ndarray | Packed], priorities: np.ndarray | None
     ) -> int:
         """Checks an insert without changing anything; returns its number of items."""
-        n = check_batch(columns, self.signature, self.name)
-        if n == 0:
-            raise InvalidArgument("batch", "empty batch (0 items)")
-        if n > self._item_limit:
-            raise InvalidArgument(
-                "batch",
-                f"{n} items exceed min(capacity {self.capacity},"
-                f" max_batch_size {self.max_batch_size})",
-            )
-        if priorities is not None:
-            check_priorities(priorities, n, "one per item")
-        self.rate_limiter.check_batches(self.name, self.capacity, "batch", n, self._largest_sample)
+        n = check_insert(self, columns, priorities, self._largest_sample)
         self._largest_insert = max(self._largest_insert, n)
         return n
 
@@ -292,19 +255,7 @@ class Table:
     # --- sample ------------------------------------------------------------------------
 
     def validate_sample(self, batch_size: int, beta: float) -> None:
-        if not is_int(batch_size) or not 1 <= batch_size <= self._item_limit:
-            raise InvalidArgument(
-                "batch_size",
-                f"must be an integer in [1, {self._item_limit}] (min of capacity"
-                f" {self.capacity} and max_batch_size {self.max_batch_size}), got {batch_size!r}",
-            )
-        # The comparison is False for NaN, so NaN is rejected too.
-        if not is_real(beta) or not 0.0 <= beta <= 1.0:
-            raise InvalidArgument("beta", f"must be in [0, 1], got {beta!r}")
-        b = int(batch_size)
-        self.rate_limiter.check_batches(
-            self.name, self.capacity, "batch_size", b, self._largest_insert
-        )
+        b = check_sample(self, batch_size, beta, self._largest_insert)
         self._largest_sample = max(self._largest_sample, b)
 
     def sample(self, batch_size: int, beta: float) -> SampleResult:

@@ -51,7 +51,7 @@ WORKLOAD_KINDS = {"Deployment", "StatefulSet"}
 # A peer address setting -> the server it names.
 PEERS = {"replay": "replay", "learner": "learner", "parameters": "relay"}
 # Replay runs as shards: a StatefulSet behind a headless Service, dialled as every address
-# of that name (apexrl.replay.sharded); the other services are Deployments.
+# of that name (apexrl.replay.shards); the other services are Deployments.
 KIND = {name: "StatefulSet" if name == "replay" else "Deployment" for name in SERVICES}
 DNS_SCHEME = "dns:///"
 REPLAY_SHARDS = {"overlays/large": 4}  # the others: 1
@@ -605,7 +605,7 @@ def test_config_map_parses_for_every_service(bundle, tmp_path):
     }, f"{name}: [{algorithm}] is the learner's algo"
 
 
-# What the learner checks of the replay's table (training.check_table), and the columns.
+# What the learner checks of the replay's table (replay_checks.check_table), and the columns.
 TABLE_DECLARED = ("name", "sampler", "remover", "max_times_sampled", "rate_limiter", "signature")
 
 

@@ -8,7 +8,8 @@ from scipy import stats
 
 from apexrl.replay import keys as keyspace
 from apexrl.replay.client import ReplayClient
-from apexrl.replay.sharded import ShardedReplayClient, ShardError, connect
+from apexrl.replay.sharded import ShardedReplayClient, connect
+from apexrl.replay.shards import ShardError, Shards
 from apexrl.v1 import replay_pb2
 from tests.conftest import checkpoint_digest, transitions, wait_for
 
@@ -102,7 +103,7 @@ def test_sampling_follows_the_mass_of_every_live_shard_through_priority_updates(
     drawn follow those probabilities (chi-square over the sum of the distributions drawn
     from). The client's view of each shard's mass is refreshed before every sample here, as
     an update changes it; in service it may lag by VIEW_SECONDS."""
-    monkeypatch.setattr(ShardedReplayClient, "VIEW_SECONDS", 0.0)
+    monkeypatch.setattr(Shards, "VIEW_SECONDS", 0.0)
     servers = shards(replay_factory, 4)
     counts = [12, 20, 8, 0]  # shard 3 stays empty
     rng = np.random.default_rng(batch_size)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from apexrl import algorithms, config
+from apexrl import algorithms, command_config, config
 
 REPO = Path(__file__).resolve().parents[2]
 ARCHITECTURE = REPO / "docs" / "architecture.md"
@@ -16,7 +16,7 @@ ALGORITHM_FOLDERS = sorted(
     path.parent.name for path in (REPO / "services" / "algorithms").glob("*/builder.py")
 )
 COMMANDS = {
-    "local": config.LocalConfig,
+    "local": command_config.LocalConfig,
     "learner": config.LearnerConfig,
     "actor": config.ActorConfig,
     "evaluator": config.EvaluatorConfig,
@@ -38,9 +38,10 @@ def algorithm_help(cls: type, prog: str) -> str:
 def test_every_command_that_takes_an_algorithm_is_checked():
     takes_one = {
         cls.__name__
-        for cls in vars(config).values()
+        for module in (config, command_config)
+        for cls in vars(module).values()
         if dataclasses.is_dataclass(cls)
-        and cls.__module__ == config.__name__
+        and cls.__module__ == module.__name__
         and "Config" in cls.__name__
         and cls is not config.AgentConfig
         and any(f.name == "algorithm" for f in dataclasses.fields(cls))

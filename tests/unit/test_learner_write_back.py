@@ -17,7 +17,8 @@ from apexrl.algorithms.dqn.losses import dqn_loss
 from apexrl.common.parameters import ParameterStore
 from apexrl.config import LearnerConfig
 from apexrl.learner.metrics import LearnerMetrics
-from apexrl.learner.training import Learner, _send_priorities, write_priorities
+from apexrl.learner.training import Learner
+from apexrl.learner.write_back import _send_priorities, write_priorities
 from apexrl.replay.client import SampledBatch
 from apexrl.replay.server import make_table, table_info
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apexrl.learner.training import write_priorities
+from apexrl.learner.write_back import write_priorities
 from apexrl.replay.signature import ColumnSpec
 from apexrl.replay.sumtree import SumTree, last_occurrence
 from apexrl.replay.table import Table

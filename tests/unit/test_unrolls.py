@@ -130,24 +130,19 @@ def test_on_policy_algorithms_learn_from_a_batch_of_unrolls(name):
     ],
 )  # fmt: skip
 def test_a_learner_refuses_a_table_of_the_wrong_kind_naming_it(algorithm, table, message):
-    from types import SimpleNamespace
-
-    from apexrl.learner.training import Learner
+    from apexrl.learner.replay_checks import check_table
     from apexrl.v1 import replay_pb2, tensor_pb2
 
     builder = algorithms.make(LearnerConfig(algorithm=algorithm))
-    learner = SimpleNamespace(
-        builder=builder, dataset=builder.dataset(), columns={c.name: c for c in builder.columns()}
-    )
     (want,) = builder.tables()
     fits = dict(sampler=want.sampler, remover=want.remover,
                 max_times_sampled=want.max_times_sampled, rate_limiter=want.rate_limiter,
                 alpha=want.alpha)  # fmt: skip
     info = replay_pb2.TableInfo(name="default", **(fits | table))
     with pytest.raises(ValueError, match=f"replay table 'default': {message}"):
-        Learner.check_table(learner, info)
-    Learner.check_table(learner, replay_pb2.TableInfo(name="default", **fits))  # no error
+        check_table(builder, info)
+    check_table(builder, replay_pb2.TableInfo(name="default", **fits))  # no error
     wrong = replay_pb2.TableInfo(name="default", **fits)
     wrong.signature.add(name="obs", dtype=tensor_pb2.FLOAT32, shape=[3])
     with pytest.raises(ValueError, match="the table's columns differ"):
-        Learner.check_table(learner, wrong)
+        check_table(builder, wrong)

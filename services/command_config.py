@@ -1,0 +1,79 @@
+"""The settings of the commands a person runs beside the services: `apexrl local` (a whole run
+on one machine), `apexrl eval` (plays a checkpoint) and `apexrl set` (changes a running
+learner's settings). None is a process of a deployment (those are config.py's, each a
+ProcessConfig); each is read from defaults, file, environment and flags as config.py documents.
+"""
+
+import math
+from dataclasses import dataclass
+
+from apexrl.config import AgentConfig, ClientTLSConfig, option
+
+
+@dataclass
+class LocalConfig(AgentConfig):
+    """apexrl local: replay, learner, actors and an evaluator as processes on loopback."""
+
+    actors: int = option(2, "actor processes")
+    replay_shards: int = option(
+        1,
+        "replay processes (shards); the [replay] capacity, min_size_to_sample and error_buffer "
+        "are split evenly over them, so the totals stay as set",
+    )
+    run_dir: str = option(
+        "",
+        "run folder for config, logs, metrics CSV, plot, checkpoints (default runs/<env>-<time>)",
+    )
+    max_seconds: float = option(300.0, "give up after this many seconds")
+    max_env_steps: int = option(0, "give up after this many env steps (0: no limit)")
+    target_return: float = option(
+        math.nan,
+        "the best model's score (mean evaluation return) that counts as solved; nan (the"
+        " default): the env's threshold (gymnasium's reward_threshold, or envs.TARGETS)",
+    )
+    progress_interval: float = option(0.5, "seconds between progress updates and metrics CSV rows")
+    video_every: int = option(
+        0,
+        "the evaluator records one episode of the 1st, (K+1)-th, ... new best model as mp4 in"
+        " RUN_DIR/videos (0: none; needs the video extra)",
+    )
+    tensorboard: str = option(
+        "",
+        "also write metrics.csv's columns as TensorBoard scalars (step: env steps) to"
+        " DIR/<run folder name>, so `tensorboard --logdir DIR` overlays runs (needs the"
+        " tensorboard extra)",
+    )
+    log_level: str = option("INFO", "logging level of the services (their logs go to RUN_DIR/logs)")
+
+
+@dataclass
+class EvalConfig:
+    """apexrl eval: plays a learner checkpoint greedily and prints the returns."""
+
+    checkpoint: str = option(
+        "",
+        "checkpoint file, or a learner's checkpoint directory: its best model (the parameters"
+        " the evaluator scored highest), else its newest checkpoint",
+    )
+    latest: bool = option(False, "in a directory, play the newest checkpoint, not the best model")
+    episodes: int = option(10, "episodes to play")
+    seed: int = option(
+        1_000_000,
+        "seed of the first episode (episode k: seed + k); the evaluator counts up from the run's"
+        " seed, so the default plays episodes it never saw",
+    )
+    epsilon: float = option(0.0, "exploration (0: greedy)")
+    video: str = option(
+        "",
+        "record each episode as mp4 in this folder, named by env, version, seed and return"
+        " (played one at a time; needs the video extra)",
+    )
+
+
+@dataclass
+class SetConfig(ClientTLSConfig):
+    """apexrl set NAME=VALUE ...: changes settings of a running learner, from its next update
+    on (those a schedule could move: docs/algorithms.md#schedules)."""
+
+    learner: str = option("127.0.0.1:50052", "learner server address")
+    timeout: float = option(10.0, "seconds to wait for the learner's answer to each change")
