@@ -2,7 +2,6 @@
 puts back (replay/snapshot.py, replay/checkpoint.py, Table.restore)."""
 
 import math
-import numbers
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -11,6 +10,7 @@ import numpy as np
 from apexrl.replay.frames import FrameRows
 from apexrl.replay.rate_limiters import QueueLimiter, RateLimiter
 from apexrl.replay.signature import ColumnSpec
+from apexrl.replay.validation import is_int
 
 if TYPE_CHECKING:  # the table imports this module
     from apexrl.replay.table import Table
@@ -62,7 +62,7 @@ class TableState:
         self._check_settings(table)
         for counter in ("inserts", "samples", "priority_updates", "stale_priority_updates"):
             value = getattr(self, counter)
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+            if not is_int(value) or value < 0:
                 raise ValueError(f"{counter}: must be an integer >= 0, got {value!r}")
         if not math.isfinite(self.max_priority) or self.max_priority < 0:
             raise ValueError(f"max_priority: must be finite and >= 0, got {self.max_priority}")
