@@ -143,6 +143,7 @@ NEC_TARGETS = "solved on every seed in at most half the env steps of the cartpol
 UNREAL_TARGETS = "solved on every seed within 1.5x the cartpole-impala task's time"
 REINFORCE_TARGETS = "solved on every seed; training time against the cartpole-ppo task's"
 A3C_TARGETS = REINFORCE_TARGETS
+BETA_TARGETS = "solved on every seed; no slower than the cartpole task's dqn (beta 0.4 throughout)"
 C51 = ["--distributional", "--v-min", "-100", "--v-max", "100"]  # returns up to 500 or -500
 CARTPOLE = dict(env="CartPole-v1", target=475.0, sb3=None, targets=OPTION_TARGETS)
 ACROBOT = dict(env="Acrobot-v1", target=-100.0, sb3=None, targets=OPTION_TARGETS)
@@ -200,6 +201,9 @@ TASKS = {
     "cartpole-noisy": CARTPOLE | dict(algorithm="dqn", flags=["--noisy"]),
     "cartpole-c51": CARTPOLE | dict(algorithm="dqn", flags=C51),
     "cartpole-rainbow": CARTPOLE | dict(algorithm="rainbow"),
+    # PER's beta annealed to 1 over about the updates the cartpole task's dqn solves in (~4K).
+    "cartpole-beta": CARTPOLE | dict(algorithm="dqn", targets=BETA_TARGETS,
+                                     toml='[learner]\nbeta = { linear = [0.4, 1.0], over = "4K updates" }\n'),
     "cartpole-nec": CARTPOLE | dict(algorithm="nec", targets=NEC_TARGETS),
     "acrobot-noisy": ACROBOT | dict(algorithm="dqn", flags=["--noisy"]),
     "acrobot-c51": ACROBOT | dict(algorithm="dqn", flags=C51),
@@ -209,6 +213,8 @@ TASKS = {
     "cartpole-reinforce": PPO_CARTPOLE | dict(algorithm="reinforce", sb3=None,
                                               targets=REINFORCE_TARGETS),
     "cartpole-a3c": PPO_CARTPOLE | dict(algorithm="a3c", sb3=None, targets=A3C_TARGETS),
+    "acrobot-a3c": PPO_ACROBOT | dict(algorithm="a3c", sb3=None, targets=A3C_TARGETS),
+    "pendulum-a3c": PPO_PENDULUM | dict(algorithm="a3c", sb3=None, targets="solved on 3/3 seeds"),
     "acrobot-ppo": PPO_ACROBOT | dict(algorithm="ppo"),
     "acrobot-impala": PPO_ACROBOT | dict(algorithm="impala"),
     "pendulum-ppo": PPO_PENDULUM | dict(algorithm="ppo"),
@@ -243,7 +249,10 @@ def check_apexrl_config(task: dict, config: Path) -> None:
 
 def run_apexrl(task: dict, seed: int, budget: float, workdir: Path, config: Path | None) -> dict:
     run_dir = workdir / f"apexrl-{task['env']}-{seed}"
-    settings = ["--config", str(config)] if config else []  # --apexrl-config
+    if config is None and "toml" in task:  # the task's own settings, as a config file
+        config = workdir / f"apexrl-{task['env']}-{seed}.toml"
+        config.write_text(task["toml"])
+    settings = ["--config", str(config)] if config else []  # --apexrl-config or the task's
     started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "apexrl.cli", "local", "--run-dir", str(run_dir), "--seed", str(seed),
