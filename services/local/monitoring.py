@@ -79,11 +79,26 @@ def monitor(
             if row["seconds"] > config.max_seconds or (
                 config.max_env_steps and row["env_steps"] > config.max_env_steps
             ):
-                return (
-                    f"not solved in {row['seconds']:.1f} s ({_format_count(row['env_steps'])} env steps): "
-                    f"best evaluation {max((r['eval_mean_return'] for r in rows), key=_score):.1f} < {target:g}"
-                ), 1
+                return unsolved_line(rows, target), 1
     return "", 130
+
+
+def unsolved_line(rows: list[dict], target: float) -> str:
+    """The last line of a run out of budget: its best model's score (the full protocol's) under
+    the target, and the best single evaluation round where one scored higher (a round at or
+    above the target whose confirming episodes pulled the mean back under it)."""
+    last = rows[-1]
+    head = f"not solved in {last['seconds']:.1f} s ({_format_count(last['env_steps'])} env steps)"
+    best_round = max((r["eval_mean_return"] for r in rows), key=_score)
+    if math.isnan(best_round):
+        return f"{head}: no evaluation yet"
+    if last["eval_best_version"] <= 0:
+        return f"{head}: no best model yet; best evaluation round {best_round:.1f}"
+    best = last["eval_best_mean_return"]
+    line = f"{head}: best model {best:.1f} < {target:g} (version {last['eval_best_version']:.0f})"
+    if best_round > best:
+        line += f"; best evaluation round {best_round:.1f}, not held by its confirming episodes"
+    return line
 
 
 def _score(value: float) -> float:

@@ -10,7 +10,7 @@ import prometheus_client
 import pytest
 
 from apexrl.actor.loop import ActorMetrics
-from apexrl.local.monitoring import FIELDS, collect
+from apexrl.local.monitoring import FIELDS, collect, unsolved_line
 from apexrl.local.supervision import Child
 
 
@@ -68,3 +68,36 @@ def test_each_row_averages_the_episodes_ended_since_the_row_before(actors):
     second.episodes(40.0, 50.0)
     assert row() == 45.0  # from the restarted actor's new totals on
     assert set(rows[0]) == set(FIELDS)
+
+
+def _row(seconds, round_score, best, version):
+    return {
+        "seconds": seconds,
+        "env_steps": 1000 * seconds,
+        "eval_mean_return": round_score,
+        "eval_best_mean_return": best,
+        "eval_best_version": version,
+    }
+
+
+def test_the_unsolved_line_gives_the_best_models_score_not_a_higher_round():
+    # Pendulum: a 10-episode round scored -141.9, above the -200 target, and its 50 confirming
+    # episodes pulled the mean under it; the best model holds -230.5.
+    rows = [
+        _row(1.0, math.nan, math.nan, 0),
+        _row(2.0, -141.9, -230.5, 7),
+        _row(3.0, -400.0, -230.5, 7),
+    ]
+    line = unsolved_line(rows, -200.0)
+    assert line == (
+        "not solved in 3.0 s (3,000 env steps): best model -230.5 < -200 (version 7);"
+        " best evaluation round -141.9, not held by its confirming episodes"
+    )
+    rows[1]["eval_mean_return"] = -250.0  # no round above the best model's score
+    assert unsolved_line(rows, -200.0).endswith("best model -230.5 < -200 (version 7)")
+
+
+def test_the_unsolved_line_before_any_best_model():
+    assert unsolved_line([_row(1.0, math.nan, math.nan, 0)], 475.0).endswith("no evaluation yet")
+    line = unsolved_line([_row(1.0, 9.5, math.nan, 0)], 475.0)
+    assert line.endswith(": no best model yet; best evaluation round 9.5")
