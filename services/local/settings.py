@@ -11,6 +11,7 @@ import tomli_w
 from apexrl import config as cfg
 from apexrl.algorithms.envs import EnvOptions, is_atari
 from apexrl.command_config import LocalConfig
+from apexrl.draws import Draw
 from apexrl.replay_tables import entry as table_entry
 from apexrl.schedules import Schedule
 
@@ -74,10 +75,11 @@ def replay_tables(config: cfg.AgentConfig, shards: int) -> list[dict]:
 
 
 def dump_toml(data: dict) -> str:
-    """A config as TOML text (a schedule as its table: schedules.py)."""
+    """A config as TOML text (a schedule or a per-actor distribution as its table: schedules.py,
+    draws.py)."""
 
     def plain(value):
-        if isinstance(value, Schedule):
+        if isinstance(value, Schedule | Draw):
             return value.table()
         if isinstance(value, dict):
             return {k: plain(v) for k, v in value.items()}
