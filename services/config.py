@@ -128,7 +128,7 @@ class AgentConfig:
     )
     gamma: float = option(
         0.99,
-        "discount factor (per actor: where the learner reads none, dqn, rainbow, dpg and nec)",
+        "discount factor (one per actor only in dqn, rainbow, dpg and nec)",
         per_actor="draw",
         within=(0.0, 1.0),
     )

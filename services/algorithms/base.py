@@ -219,8 +219,9 @@ class Builder(ABC):
     # the `[<name>]` table of the config file, flags --<field>, env APEXRL_<FIELD>.
     Settings: ClassVar[type[DataclassInstance]]
     metrics: ClassVar[MetricNames]
-    # The shared settings (AgentConfig's) that only its actors read, its items carrying what
-    # the learner needs: each actor may draw its own (draws.py). gamma: n-step discounts.
+    # The shared settings (AgentConfig's) each of its actors may draw for itself (draws.py):
+    # its actors alone read them, its items carrying what the learner needs (gamma: n-step
+    # transitions' discounts).
     actor_only: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config, spec: EnvSpec):
@@ -246,12 +247,13 @@ class Builder(ABC):
 
     @classmethod
     def refuse_draws(cls, config) -> None:
-        """A shared setting drawn per actor that its learner reads too: ValueError naming it."""
+        """A shared setting drawn per actor that this algorithm keeps one for all: ValueError
+        naming it."""
         for f in dataclasses.fields(AgentConfig):
             if isinstance(getattr(config, f.name, None), Draw) and f.name not in cls.actor_only:
                 raise ValueError(
-                    f"{f.name}: {cls.name}'s learner reads it too: one number for every"
-                    f" process, not a per-actor distribution ({getattr(config, f.name).toml()})"
+                    f"{f.name}: {cls.name} takes one value for every actor, not a per-actor"
+                    f" distribution ({getattr(config, f.name).toml()})"
                 )
 
     @property
