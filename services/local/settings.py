@@ -100,7 +100,9 @@ def write_config(config: LocalConfig, user_file: dict, run_dir: Path) -> dict:
         for f in dataclasses.fields(cfg.AgentConfig)
         if not f.metadata.get("internal")
     }
-    settings = {**agent, "log_level": config.log_level}
+    # A top-level key holds a number: a shared setting drawn per actor goes to [actor] alone.
+    drawn = {name: value for name, value in agent.items() if isinstance(value, Draw)}
+    settings = {**{k: v for k, v in agent.items() if k not in drawn}, "log_level": config.log_level}
     builder = algorithms.get(config.algorithm)
     presets = builder.presets(config.env)
     atari = ATARI_DEFAULTS if is_atari(config.env) else {}
@@ -111,6 +113,7 @@ def write_config(config: LocalConfig, user_file: dict, run_dir: Path) -> dict:
             **atari.get(section, {}),
             **user_file.get(section, {}),
         }
+    settings["actor"] = {**drawn, **settings["actor"]}
     settings[builder.name] = dataclasses.asdict(config.algo)
     given = sorted(TABLE_SETTINGS & set(user_file.get("replay", {})))
     if given:

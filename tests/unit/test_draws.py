@@ -12,7 +12,8 @@ from apexrl import algorithms, draws
 from apexrl import config as cfg
 from apexrl.actor.loop import exploration
 from apexrl.algorithms.exploration import epsilon_ladder
-from apexrl.local.settings import dump_toml
+from apexrl.local.settings import parse as local_parse
+from apexrl.local.supervision import Run
 
 N = 4000
 
@@ -80,18 +81,22 @@ def test_a_ladder_with_the_ape_x_ends_is_the_epsilon_ladder():
         assert ladder.at(i, n) == pytest.approx(epsilon_ladder(i, n))
 
 
-def test_local_mode_writes_a_distribution_back_as_its_table():
-    config = actor("--n-step", "{ choice = [1, 5] }", "--gamma", "{ log_uniform = [0.9, 0.99] }")
-    text = dump_toml({"gamma": config.gamma, "dqn": {"n_step": config.algo.n_step}})
-    assert tomllib.loads(text) == {
-        "gamma": {"log_uniform": [0.9, 0.99]},
-        "dqn": {"n_step": {"choice": [1, 5]}},
-    }
-    again = actor("--n-step", config.algo.n_step.toml(), "--gamma", config.gamma.toml())
-    assert (repr(again.algo.n_step), repr(again.gamma)) == (
-        repr(config.algo.n_step),
-        repr(config.gamma),
+def test_local_mode_hands_the_distributions_to_its_actors(tmp_path):
+    """Every actor of local mode gets the distributions (and draws its own); a shared one goes
+    to [actor] alone (the file's top-level keys hold numbers), and an algorithm that keeps one
+    value for all refuses it before any process starts."""
+    flags = ["--algorithm", "dqn", "--gamma", "{ log_uniform = [0.9, 0.99] }"]
+    run = Run(local_parse([*flags, "--n-step", "{ choice = [1, 5] }"]), {}, tmp_path / "run")
+    written = tomllib.loads(run.config_path.read_text())
+    assert written["actor"]["gamma"] == {"log_uniform": [0.9, 0.99]} and "gamma" not in written
+    assert written["dqn"]["n_step"] == {"choice": [1, 5]}
+    config = actor("--config", str(run.config_path))
+    assert (config.gamma.toml(), config.algo.n_step.toml()) == (
+        "{ log_uniform = [0.9, 0.99] }",
+        "{ choice = [1, 5] }",
     )
+    with pytest.raises(ValueError, match="^gamma: r2d2 takes one value for every actor"):
+        Run(local_parse(["--algorithm", "r2d2", *flags[2:]]), {}, tmp_path / "r2d2")
 
 
 @pytest.mark.parametrize(
