@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from apexrl.common.ports import free_port
 from tests.conftest import wait_for
 
 DRAWN = ("--gamma", "{ uniform = [0.5, 0.95] }", "--n-step", "{ choice = [1, 2, 3, 4] }")
@@ -34,20 +35,24 @@ def test_two_actors_draw_apart_and_act_with_their_draws(service_process, replay_
     # Each actor its own replay, to read its transitions; the learner's stays empty (it serves
     # its first version and leases, and trains on nothing).
     replays = [replay_factory(capacity=10_000) for _ in range(3)]
-    learner = service_process("learner", "--replay", replays[2].address)
-    actors: list = [None, None]
+    port = free_port()  # the learner's, which the actors need as it starts
+    actor = ("actor", "--learner", f"127.0.0.1:{port}", "--num-envs", "2", *DRAWN, *EXPLORATION)
+    commands = [
+        ("learner", "--port", str(port), "--replay", replays[2].address),
+        (*actor, "--replay", replays[0].address, "--seed", SEEDS[0]),
+        (*actor, "--replay", replays[1].address, "--seed", SEEDS[1]),
+    ]
+    started: list = [None] * len(commands)
 
-    def start(i: int) -> None:  # both at once: each start is mostly imports
-        actors[i] = service_process(
-            "actor", "--replay", replays[i].address, "--learner", learner.address,
-            "--num-envs", "2", "--seed", SEEDS[i], *DRAWN, *EXPLORATION,
-        )  # fmt: skip
+    def start(i: int) -> None:  # all at once: each start is mostly imports
+        started[i] = service_process(*commands[i])
 
-    starts = [threading.Thread(target=start, args=(i,)) for i in range(2)]
+    starts = [threading.Thread(target=start, args=(i,)) for i in range(len(commands))]
     for thread in starts:
         thread.start()
     for thread in starts:
         thread.join()
+    learner, *actors = started
     drawn = []
     for actor, replay in zip(actors, replays[:2], strict=True):
         with replay.client() as client:
