@@ -25,13 +25,23 @@ from apexrl.config_parsing import (  # noqa: F401
 )
 
 
-def option(default: Any, help: str, schedule: str = "") -> Any:
+def option(
+    default: Any,
+    help: str,
+    schedule: str = "",
+    per_actor: str = "",
+    within: tuple[float, float] | None = None,
+) -> Any:
     """A config field with its documentation; `schedule`: a number that may change over a run,
     given a schedule (schedules.py) instead, over the steps it names ("updates": the
-    learner's; "env steps": an actor's own)."""
+    learner's; "env steps": an actor's own); `per_actor`: an actor-side setting each actor may
+    draw from a distribution (draws.py: "draw"; "ladder": a ladder too), its values `within`."""
     if schedule:
         help += f" (a number, or a schedule over {schedule}: docs/algorithms.md#schedules)"
-    return field(default=default, metadata={"help": help, "schedule": schedule})
+    if per_actor:
+        help += " (or drawn per actor: docs/algorithms.md#settings-drawn-per-actor)"
+    metadata = {"help": help, "schedule": schedule, "per_actor": per_actor, "within": within}
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
@@ -116,7 +126,12 @@ class AgentConfig:
         "hidden layer sizes of the MLP torsos (vector observations), e.g. '128,128'; empty: the"
         " algorithm's default",
     )
-    gamma: float = option(0.99, "discount factor")
+    gamma: float = option(
+        0.99,
+        "discount factor (one per actor only in dqn, rainbow, dpg and nec)",
+        per_actor="draw",
+        within=(0.0, 1.0),
+    )
     sticky_actions: float = option(
         0.25, "Atari: probability the emulator repeats the previous action (ALE v5's default)"
     )
@@ -375,6 +390,7 @@ class ActorConfig(AgentConfig, ClientTLSConfig, ProcessConfig):
         " dpg's noise scale) in place of its place on the learner's ladder, e.g. an epsilon"
         " decay for a run of one actor; nan: the ladder's",
         schedule="env steps",
+        per_actor="ladder",
     )
     threads: int = option(1, "torch CPU threads (where the policy acts with torch: not an MLP's)")
 

@@ -31,7 +31,61 @@ class Scheduled:
         return schedules.parse(value, name, self.unit)
 
 
+@dataclass(frozen=True)
+class PerActor:
+    """The kind of a setting an actor may draw (config.option(per_actor=...)): its own kind
+    (int, float or Scheduled), or a distribution (draws.Draw) from its inline table or text."""
+
+    kind: Any
+    ladder: bool  # it may take a ladder (it is read at each parameter pull)
+    within: tuple[float, float] | None  # the range its values must keep to
+
+    def __call__(self, value: Any, name: str) -> Any:
+        from apexrl import draws
+
+        if draws.shape_of(value) is None:
+            if _table(value) and not (isinstance(self.kind, Scheduled) and _schedule(value)):
+                shapes = draws.shapes(integer=self.kind is int, ladder=self.ladder)
+                schedule = "a schedule, " if isinstance(self.kind, Scheduled) else ""
+                raise ValueError(
+                    f"{name}: a number, {schedule}or a per-actor distribution (one of"
+                    f" {', '.join(shapes)}), got {value!r}"
+                )
+            return convert(value, self.kind, name)
+        draw = draws.parse(value, name, integer=self.kind is int, ladder=self.ladder)
+        if self.within and not all(self.within[0] <= v <= self.within[1] for v in draw.values):
+            raise ValueError(f"{name}: must be in {list(self.within)}, got {draw.toml()}")
+        return draw
+
+
+def _table(value: Any) -> bool:
+    """An inline table, or its text."""
+    return isinstance(value, dict) or (isinstance(value, str) and value.strip().startswith("{"))
+
+
+def _schedule(value: Any) -> bool:
+    """An inline table (or its text) that names a schedule's shape."""
+    from apexrl import schedules
+
+    try:
+        table = tomllib.loads(f"x = {value}")["x"] if isinstance(value, str) else value
+    except tomllib.TOMLDecodeError:
+        return True  # the schedule parser says what is wrong with the text
+    return any(key in schedules.SHAPES for key in table)
+
+
 def convert(value: Any, kind: Any, name: str) -> Any:
+    if isinstance(kind, PerActor):
+        return kind(value, name)
+    if isinstance(value, dict | str):
+        from apexrl import draws
+
+        shape = draws.shape_of(value)
+        if shape is not None:
+            raise ValueError(
+                f"{name}: takes no per-actor distribution ({shape}): only the actor-side"
+                " settings whose help says so do (docs/algorithms.md#settings-drawn-per-actor)"
+            )
     if isinstance(kind, Scheduled):
         return kind(value, name)
     if kind in (int, float) and (
@@ -81,7 +135,7 @@ def _add_flags(parser, fields: list) -> None:
             parser.add_argument(
                 flag, action=argparse.BooleanOptionalAction, default=f.default, help=help_text
             )
-        elif f.metadata.get("schedule"):  # converted by parse(), which names the setting
+        elif f.metadata.get("schedule") or f.metadata.get("per_actor"):  # parse() converts
             parser.add_argument(flag, default=f.default, help=help_text)
         else:
             parser.add_argument(flag, type=f.type, default=f.default, help=help_text)
@@ -213,14 +267,19 @@ def settings_fields(settings_class: type) -> dict[str, type]:
 
 
 def _kinds(cls: type | None) -> dict[str, Any]:
-    """Each setting's converter: its type, or Scheduled for one that takes a schedule."""
+    """Each setting's converter: its type, Scheduled for one that takes a schedule, PerActor
+    for one an actor may draw."""
     if cls is None:
         return {}
-    return {
-        f.name: Scheduled(f.metadata["schedule"]) if f.metadata.get("schedule") else f.type
-        for f in _fields(cls)
-        if not f.metadata.get("file_only")
-    }
+    return {f.name: _kind(f) for f in _fields(cls) if not f.metadata.get("file_only")}
+
+
+def _kind(f: dataclasses.Field) -> Any:
+    kind = Scheduled(f.metadata["schedule"]) if f.metadata.get("schedule") else f.type
+    per_actor = f.metadata.get("per_actor")
+    if not per_actor:
+        return kind
+    return PerActor(kind, per_actor == "ladder", f.metadata.get("within"))
 
 
 def _values(cls: type, data: dict, section: str, path: str, parser) -> dict[str, Any]:

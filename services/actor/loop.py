@@ -24,7 +24,7 @@ import uuid
 import numpy as np
 import prometheus_client
 
-from apexrl import algorithms
+from apexrl import algorithms, draws
 from apexrl.actor.outlets import InsertBuffer, Outlet
 from apexrl.actor.parameters import ParameterPuller
 from apexrl.algorithms.base import Step
@@ -48,12 +48,17 @@ LENGTH_BUCKETS = (10, 25, 50, 100, 200, 500, 1000, 5000, 10000, 30000)
 STOP_FLUSH_SECONDS = 0.3
 
 
-def exploration(setting: float, lease: float, env_steps: int) -> float:
+def exploration(
+    setting: float, lease: float, env_steps: int, place: tuple[int, int] = (0, 1)
+) -> float:
     """An actor's exploration parameter: its own `exploration` setting where it has one (a
-    number, or a schedule over its env steps, read at each parameter pull), else its place on
-    the learner's ladder (`lease`)."""
+    number (drawn at start or not), a schedule over its env steps or a ladder over its `place`
+    (index, count of live actors), read at each parameter pull), else its place on the
+    learner's ladder (`lease`)."""
     if isinstance(setting, Schedule):
         return setting.value(env_steps)
+    if isinstance(setting, draws.Draw):  # the ladders stay: the rest was drawn at start
+        return setting.at(*place)
     return lease if math.isnan(setting) else setting
 
 
@@ -84,6 +89,12 @@ class ActorMetrics:
         # The algorithm's exploration parameter under its own name (MetricNames.exploration):
         # a metric keeps one meaning whatever the algorithm.
         self.exploration = metric(G, exploration_name, exploration_help)
+        self.setting = metric(
+            G,
+            "setting",
+            "A setting this actor drew from its distribution at start (draws.py), by name.",
+            labelnames=["name"],
+        )
         self.actor_index = metric(
             G, "ladder_index", "This actor's place in the exploration ladder."
         )
@@ -143,6 +154,11 @@ class Actor:
     """One actor process's envs, policy, outlets (one per adder) and the parameter puller."""
 
     def __init__(self, config: ActorConfig, metrics: ActorMetrics, stop: threading.Event):
+        # Each setting given a distribution drawn once, now (seeded by config.seed and its name).
+        algorithms.get(config.algorithm).refuse_draws(config)
+        config, drawn = draws.draw_settings(config)
+        for name, value in drawn.items():
+            metrics.setting.labels(name=name).set(value)
         self.config, self.metrics, self.stop = config, metrics, stop
         actor_id = uuid.uuid4().hex
         seed = config.seed or int.from_bytes(uuid.uuid4().bytes[:4], "little")
@@ -172,10 +188,11 @@ class Actor:
         ]
         self.puller = ParameterPuller(learner, actor_id, metrics, relays)
         log.info(
-            "actor %s: %s x%d, waiting for parameters from %s",
+            "actor %s: %s x%d%s, waiting for parameters from %s",
             actor_id[:8],
             config.env,
             config.num_envs,
+            "".join(f", drawn {name} {value:.6g}" for name, value in drawn.items()),
             ", ".join([*(r.address for r in relays), config.learner]),
         )
         self.exploration, self.version, self.have_weights = 0.0, 0, False
@@ -238,7 +255,10 @@ class Actor:
             self.policy.load(params.arrays)
             self.version, self.have_weights = params.version, True
             self.metrics.version.set(self.version)
-        self.exploration = exploration(self.config.exploration, params.exploration, self.steps)
+        place = (params.actor_index, params.num_actors)
+        self.exploration = exploration(
+            self.config.exploration, params.exploration, self.steps, place
+        )
         self.metrics.exploration.set(self.exploration)
         self.metrics.actor_index.set(params.actor_index)
 

@@ -41,7 +41,8 @@ import numpy as np
 from apexrl.algorithms.columns import Column, action_bounds, nstep_columns  # noqa: F401
 from apexrl.algorithms.envs import EnvSpec
 from apexrl.algorithms.tables import TABLE
-from apexrl.config import ReplayTableConfig
+from apexrl.config import AgentConfig, ReplayTableConfig
+from apexrl.draws import Draw
 from apexrl.schedules import Schedule
 
 if TYPE_CHECKING:
@@ -202,6 +203,13 @@ class MetricNames:
 EPSILON = ("epsilon", "Exploration epsilon from the actor's lease (the Ape-X ladder).")
 
 
+def values_taken(setting: Any) -> tuple:
+    """What a schedule passes through or a distribution may draw (its bounds): each checked."""
+    if isinstance(setting, Schedule):
+        return tuple(value for _, value in setting.points)
+    return setting.values if isinstance(setting, Draw) else ()
+
+
 class Builder(ABC):
     """One algorithm for one env, built from the service's config (its `algo` holds this
     algorithm's Settings) and the env's spaces."""
@@ -211,6 +219,10 @@ class Builder(ABC):
     # the `[<name>]` table of the config file, flags --<field>, env APEXRL_<FIELD>.
     Settings: ClassVar[type[DataclassInstance]]
     metrics: ClassVar[MetricNames]
+    # The shared settings (AgentConfig's) each of its actors may draw for itself (draws.py):
+    # its actors alone read them, its items carrying what the learner needs (gamma: n-step
+    # transitions' discounts).
+    actor_only: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config, spec: EnvSpec):
         """config: a service's config (config.AgentConfig or a superset); spec: the env's."""
@@ -222,15 +234,27 @@ class Builder(ABC):
                 f"algorithm: {self.name} takes its settings from [{self.name}], got"
                 f" {type(self.settings).__name__}"
             )
+        self.refuse_draws(config)
         self.check()
-        for f in dataclasses.fields(self.settings):  # a schedule's every point checked too
+        for f in dataclasses.fields(self.settings):  # every value a setting may take checked
             schedule = getattr(self.settings, f.name)
-            for _, value in schedule.points if isinstance(schedule, Schedule) else ():
+            for value in values_taken(schedule):
                 setattr(self.settings, f.name, value)
                 try:
                     self.check()
                 finally:
                     setattr(self.settings, f.name, schedule)
+
+    @classmethod
+    def refuse_draws(cls, config) -> None:
+        """A shared setting drawn per actor that this algorithm keeps one for all: ValueError
+        naming it."""
+        for f in dataclasses.fields(AgentConfig):
+            if isinstance(getattr(config, f.name, None), Draw) and f.name not in cls.actor_only:
+                raise ValueError(
+                    f"{f.name}: {cls.name} takes one value for every actor, not a per-actor"
+                    f" distribution ({getattr(config, f.name).toml()})"
+                )
 
     @property
     def parameter_sync(self) -> ParameterSync:

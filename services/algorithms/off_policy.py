@@ -24,7 +24,7 @@ def check_target_tau(tau: float) -> None:
 
 @dataclass
 class OffPolicySettings(PrioritizedTable):
-    n_step: int = option(3, "n of the n-step returns the actors build")
+    n_step: int = option(3, "n of the n-step returns the actors build", per_actor="draw")
     target_update_interval: int = option(50, "learner updates between target network syncs")
     target_tau: float = option(1.0, TARGET_TAU_HELP)
 
@@ -41,6 +41,8 @@ SMALL_MACHINE = {
 
 class OffPolicyBuilder(Builder):
     """n-step transitions of `action_dtype` actions; subclasses make the policy and learning."""
+
+    actor_only = ("gamma",)  # the actors' n-step discounts gamma^m travel in the items
 
     def item_columns(self, action_dtype) -> list[Column]:
         return nstep_columns(self.spec, action_dtype)

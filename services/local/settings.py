@@ -11,6 +11,7 @@ import tomli_w
 from apexrl import config as cfg
 from apexrl.algorithms.envs import EnvOptions, is_atari
 from apexrl.command_config import LocalConfig
+from apexrl.draws import Draw
 from apexrl.replay_tables import entry as table_entry
 from apexrl.schedules import Schedule
 
@@ -74,10 +75,11 @@ def replay_tables(config: cfg.AgentConfig, shards: int) -> list[dict]:
 
 
 def dump_toml(data: dict) -> str:
-    """A config as TOML text (a schedule as its table: schedules.py)."""
+    """A config as TOML text (a schedule or a per-actor distribution as its table: schedules.py,
+    draws.py)."""
 
     def plain(value):
-        if isinstance(value, Schedule):
+        if isinstance(value, Schedule | Draw):
             return value.table()
         if isinstance(value, dict):
             return {k: plain(v) for k, v in value.items()}
@@ -98,7 +100,9 @@ def write_config(config: LocalConfig, user_file: dict, run_dir: Path) -> dict:
         for f in dataclasses.fields(cfg.AgentConfig)
         if not f.metadata.get("internal")
     }
-    settings = {**agent, "log_level": config.log_level}
+    # A top-level key holds a number: a shared setting drawn per actor goes to [actor] alone.
+    drawn = {name: value for name, value in agent.items() if isinstance(value, Draw)}
+    settings = {**{k: v for k, v in agent.items() if k not in drawn}, "log_level": config.log_level}
     builder = algorithms.get(config.algorithm)
     presets = builder.presets(config.env)
     atari = ATARI_DEFAULTS if is_atari(config.env) else {}
@@ -109,6 +113,7 @@ def write_config(config: LocalConfig, user_file: dict, run_dir: Path) -> dict:
             **atari.get(section, {}),
             **user_file.get(section, {}),
         }
+    settings["actor"] = {**drawn, **settings["actor"]}
     settings[builder.name] = dataclasses.asdict(config.algo)
     given = sorted(TABLE_SETTINGS & set(user_file.get("replay", {})))
     if given:

@@ -19,7 +19,9 @@ from apexrl.config import option
 class Settings(UniformTable):
     """[nec]: Neural Episodic Control's settings."""
 
-    n_step: int = option(10, "N of the N-step Q targets the actors' transitions give")
+    n_step: int = option(
+        10, "N of the N-step Q targets the actors' transitions give", per_actor="draw"
+    )
     dnd_capacity: int = option(5_000, "keys each action's DND holds (replaced least recently used)")
     neighbours: int = option(50, "k: the nearest keys a lookup weighs")
     delta: float = option(1e-3, "the kernel's delta: w = 1/(squared distance + delta)")
@@ -37,6 +39,7 @@ class Settings(UniformTable):
 class NECBuilder(Builder):
     name = "nec"
     Settings = Settings
+    actor_only = ("gamma",)  # the N-step discounts travel in the transitions
     metrics = MetricNames(
         *EPSILON,
         loss_help="Importance-weighted squared error to the N-step Q targets of the last update.",
