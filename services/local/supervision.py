@@ -121,8 +121,17 @@ class Run:
             replay_address,
         )
         for i in range(self.config.actors):
+            # Actor i of a seeded run draws its per-actor settings (draws.py) with seed + i: one
+            # seed for all would give every actor the same draw.
+            seed = ["--seed", str(self.config.seed + i)] if self.config.seed else []
             self.launch(
-                f"actor-{i}", "actor", "--replay", replay_address, "--learner", learner_address
+                f"actor-{i}",
+                "actor",
+                "--replay",
+                replay_address,
+                "--learner",
+                learner_address,
+                *seed,
             )
         self.wait_ready(self.children)
 

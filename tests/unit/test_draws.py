@@ -99,6 +99,25 @@ def test_local_mode_hands_the_distributions_to_its_actors(tmp_path):
         Run(local_parse(["--algorithm", "r2d2", *flags[2:]]), {}, tmp_path / "r2d2")
 
 
+def test_the_actors_of_a_seeded_local_run_draw_apart(tmp_path, monkeypatch):
+    """Local mode gives actor i of a seeded run the seed + i: one shared seed would give every
+    actor the same draw, and a run seeded again draws the same values again."""
+    flags = ["--algorithm", "dqn", "--actors", "4", "--seed", "11"]
+    run = Run(local_parse([*flags, "--gamma", "{ uniform = [0.9, 0.99] }"]), {}, tmp_path / "run")
+    launched = []
+    monkeypatch.setattr(run, "launch", lambda name, command, *f: launched.append((command, f)))
+    monkeypatch.setattr(run, "wait_ready", lambda children: None)
+    run.start_all()
+    drawn = [
+        draws.draw_settings(actor("--config", str(run.config_path), *f))[1]["gamma"]
+        for command, f in launched
+        if command == "actor"
+    ]
+    assert len(drawn) == 4 and len(set(drawn)) == 4, drawn
+    seeded = draws.draw_settings(actor("--config", str(run.config_path), "--seed", "13"))[1]
+    assert drawn[2] == seeded["gamma"]
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
