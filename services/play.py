@@ -14,8 +14,9 @@ def saved_agent(saved: dict) -> cfg.AgentConfig:
     from apexrl import algorithms
 
     saved = {"algorithm": "dqn"} | saved  # checkpoints from before the algorithm layer
-    names = {f.name for f in dataclasses.fields(cfg.AgentConfig)}
-    agent = cfg.AgentConfig(**{k: v for k, v in saved.items() if k in names and k != "algo"})
+    # Not the potential: eval plays the env's own rewards, so its module need not be here.
+    names = {f.name for f in dataclasses.fields(cfg.AgentConfig)} - {"algo", "reward_potential"}
+    agent = cfg.AgentConfig(**{k: v for k, v in saved.items() if k in names})
     settings_class = algorithms.get(agent.algorithm).Settings
     known = {f.name for f in dataclasses.fields(settings_class)}
     agent.algo = settings_class(
