@@ -3,12 +3,13 @@ while its metrics, and an evaluator with the same settings, report the env's own
 
 import threading
 
+import gymnasium as gym
 import numpy as np
 import prometheus_client
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 from apexrl import algorithms
 from apexrl.actor import loop as actor
-from apexrl.algorithms.evaluation import evaluate
 from apexrl.algorithms.networks import state_to_numpy
 from apexrl.common.parameters import ParameterStore
 from apexrl.config import ActorConfig, EvaluatorConfig, LearnerConfig
@@ -16,7 +17,9 @@ from apexrl.evaluator import loop as evaluator
 from apexrl.replay.client import ReplayClient
 from tests.conftest import serve_learner, wait_for
 
-ENV = "CartPole-v1"
+# CartPole cut at 10 steps: episodes that terminate and (most) episodes that are truncated.
+ENV = "apexrl-test/CartPole10-v0"
+gym.register(ENV, entry_point=CartPoleEnv, max_episode_steps=10)
 GAMMA = 0.9
 SHAPING = dict(gamma=GAMMA, termination_reward=-20.0, reward_scale=0.5, reward_offset=3.0,
                reward_potential=f"{__name__}:upright")  # fmt: skip
@@ -57,7 +60,7 @@ def test_actors_learn_shaped_rewards_and_every_return_reported_is_the_envs(tmp_p
             for thread in threads:
                 thread.join(10)
     # Stored: ((1 - 20 where the pole fell) + gamma * phi(s') - phi(s)) * 0.5 + 3, phi(s') = 0
-    # where it fell (discount 0).
+    # where it fell (discount 0); s' of a truncated step is its last observation (next_obs).
     ended = columns["discount"] == 0
     assert ended.any() and (~ended).any()
     after = np.where(ended, 0.0, upright(columns["next_obs"]))
@@ -68,8 +71,21 @@ def test_actors_learn_shaped_rewards_and_every_return_reported_is_the_envs(tmp_p
     returns = actor_metrics.get_sample_value("apexrl_actor_episode_return_sum")
     assert returns > 0
     assert returns == actor_metrics.get_sample_value("apexrl_actor_episode_length_sum")
-    # The evaluator scores the env's return: the same episodes played without any shaping.
+    # The evaluator scores the env's return: its episodes (seeds 11, 12, 13) played here.
     policy = algorithms.make(LearnerConfig(env=ENV)).policy()
     policy.load(arrays)
-    unshaped = evaluate(policy, ENV, 3, seed=11).mean()
+    unshaped = np.mean([played(policy, seed) for seed in (11, 12, 13)])
     assert evaluator_metrics.get_sample_value("apexrl_evaluation_mean_return") == unshaped
+
+
+def played(policy, seed: int) -> float:
+    """The env's return of one greedy episode."""
+    env = gym.make(ENV)
+    obs, _ = env.reset(seed=seed)
+    total, done = 0.0, False
+    while not done:
+        action = policy.act(obs[None], 0.0, np.random.default_rng(0))[0]
+        obs, reward, terminated, truncated, _ = env.step(action)
+        total, done = total + float(reward), terminated or truncated
+    env.close()
+    return total
