@@ -118,3 +118,13 @@ def test_a_service_refuses_them_at_start_up_before_anything_is_made(tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert err.startswith("apexrl actor: error: reward_potential: 'apexrl_no_such_module:phi'")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_local_mode_refuses_them_before_its_run_folder_exists(tmp_path, capsys):
+    from apexrl.local.run import main
+
+    run_dir = tmp_path / "run"
+    assert main(["--reward-clip", "-1", "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "apexrl local: error: reward_clip: must be > 0, or 0 for no clip, got -1.0"
+    assert not run_dir.exists()
