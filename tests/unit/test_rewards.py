@@ -81,6 +81,12 @@ def test_a_truncation_keeps_the_potential_of_its_final_observation_and_no_termin
     assert shaped("apexrl-test/ShortChain-v0", 3, **settings) == [6.0, 2.0, 6.0]
 
 
+def test_atari_rewards_are_clipped_to_one_before_the_scale():
+    shaping = RewardShaping.of(cfg.AgentConfig(reward_scale=2.0), clip_atari=True)
+    obs, no = np.zeros((3, 1), np.float32), np.zeros(3, bool)
+    assert shaping(np.array([5.0, -3.0, 0.5]), obs, obs, no, no).tolist() == [2.0, -2.0, 1.0]
+
+
 def test_a_potential_that_returns_the_wrong_shape_is_named():
     shaping = RewardShaping.of(cfg.AgentConfig(reward_potential=f"{__name__}:position_once"))
     obs = np.zeros((2, 1), np.float32)
