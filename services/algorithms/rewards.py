@@ -68,6 +68,8 @@ class RewardShaping:
         learnt = np.asarray(rewards, np.float64)
         if self.clip_atari:
             learnt = np.clip(learnt, -1.0, 1.0)
+        if self.plain:  # the defaults: 0.8 us an 8-env step instead of 12
+            return learnt.astype(np.float32)
         learnt = learnt + np.where(terminated, self.termination_reward, 0.0)
         if self.potential is not None:
             after = np.where(ends, 0.0, self.phi(final_obs))
@@ -76,6 +78,12 @@ class RewardShaping:
         if self.clip:
             learnt = np.clip(learnt, -self.clip, self.clip)
         return learnt.astype(np.float32)
+
+    @property
+    def plain(self) -> bool:
+        """Nothing to do but Atari's clip (the settings' defaults)."""
+        unshaped = self.potential is None and self.termination_reward == 0
+        return unshaped and self.scale == 1 and self.offset == 0 and not self.clip
 
     def phi(self, obs: np.ndarray) -> np.ndarray:
         """The potential of each observation (ValueError naming the setting for an answer that
