@@ -68,6 +68,11 @@ class EvalConfig:
         "record each episode as mp4 in this folder, named by env, version, seed and return"
         " (played one at a time; needs the video extra)",
     )
+    record: str = option(
+        "",
+        "write each episode (observations, actions, the env's rewards) as .npz in this folder,"
+        " with an index.json: demonstrations (docs/demonstrations.md; played one at a time)",
+    )
 
 
 @dataclass

@@ -21,6 +21,7 @@ from apexrl.config_parsing import (  # noqa: F401
     build_parser,
     convert,
     env_name,
+    import_callable,
     parse,
 )
 
@@ -139,11 +140,46 @@ class AgentConfig:
         False, "Atari: act in all 18 actions instead of the game's minimal set"
     )
     seed: int = option(0, "random seed (0: from the OS); actors and envs derive theirs from it")
+    # Reward shaping: what the actors learn from, never what is reported or scored
+    # (docs/algorithms.md#reward-shaping has the order in which they apply).
+    termination_reward: float = option(
+        0.0, "added to the env's reward of a step that ends the episode (not a time limit's)"
+    )
+    reward_potential: str = option(
+        "",
+        "'package.module:function', a potential phi(observations [B, ...]) -> [B]: the actors"
+        " learn from r + gamma * phi(s') - phi(s), phi(s') = 0 where the episode ends (empty:"
+        " none)",
+    )
+    reward_scale: float = option(1.0, "the learnt reward is reward * this + reward_offset")
+    reward_offset: float = option(0.0, "added to each learnt reward after reward_scale")
+    reward_clip: float = option(0.0, "learnt rewards clipped to [-this, this], last (0: no clip)")
     priority_epsilon: float = option(
         1e-3, "priority = |TD error| + this (actors' initial ones and the learner's updates)"
     )
     # The algorithm's own settings (its Settings dataclass), filled by parse(); None: defaults.
     algo: Any = field(default=None, metadata={"internal": True})
+
+    def __post_init__(self) -> None:
+        parent = getattr(super(), "__post_init__", None)
+        if parent is not None:  # a service's own checks (ServeConfig's)
+            parent()
+        check_rewards(self)
+
+
+def check_rewards(config: AgentConfig) -> None:
+    """ValueError naming the setting for reward shaping that cannot work: a scale that is not
+    positive, a negative clip, a number that is not finite, a potential that cannot be
+    imported or called."""
+    if not config.reward_scale > 0:
+        raise ValueError(f"reward_scale: must be > 0, got {config.reward_scale}")
+    if config.reward_clip < 0:
+        raise ValueError(f"reward_clip: must be > 0, or 0 for no clip, got {config.reward_clip}")
+    for name in ("reward_scale", "reward_offset", "reward_clip", "termination_reward"):
+        if not math.isfinite(getattr(config, name)):
+            raise ValueError(f"{name}: must be a finite number, got {getattr(config, name)}")
+    if config.reward_potential:
+        import_callable(config.reward_potential, "reward_potential")
 
 
 def file_option(help: str) -> Any:

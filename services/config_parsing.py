@@ -4,9 +4,11 @@ documents the layout). Torch-free and algorithm-free: the algorithm registry com
 
 import argparse
 import dataclasses
+import importlib
 import os
 import sys
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -104,6 +106,21 @@ def convert(value: Any, kind: Any, name: str) -> Any:
         return kind(value)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{name}: expected {kind.__name__}, got {value!r}") from err
+
+
+def import_callable(path: str, name: str) -> Callable[..., Any]:
+    """The callable a setting names as "package.module:attribute" (ValueError naming the setting
+    when it is not one, cannot be imported or is not callable)."""
+    module, _, attribute = path.partition(":")
+    if not module or not attribute:
+        raise ValueError(f"{name}: expected 'package.module:function', got {path!r}")
+    try:
+        found = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"{name}: {path!r} cannot be imported ({err})") from err
+    if not callable(found):
+        raise ValueError(f"{name}: {path!r} is a {type(found).__name__}, not a callable")
+    return found
 
 
 def env_name(name: str) -> str:

@@ -14,8 +14,9 @@ def saved_agent(saved: dict) -> cfg.AgentConfig:
     from apexrl import algorithms
 
     saved = {"algorithm": "dqn"} | saved  # checkpoints from before the algorithm layer
-    names = {f.name for f in dataclasses.fields(cfg.AgentConfig)}
-    agent = cfg.AgentConfig(**{k: v for k, v in saved.items() if k in names and k != "algo"})
+    # Not the potential: eval plays the env's own rewards, so its module need not be here.
+    names = {f.name for f in dataclasses.fields(cfg.AgentConfig)} - {"algo", "reward_potential"}
+    agent = cfg.AgentConfig(**{k: v for k, v in saved.items() if k in names})
     settings_class = algorithms.get(agent.algorithm).Settings
     known = {f.name for f in dataclasses.fields(settings_class)}
     agent.algo = settings_class(
@@ -27,6 +28,7 @@ def saved_agent(saved: dict) -> cfg.AgentConfig:
 def main(argv: list[str]) -> int:
     """apexrl eval --checkpoint PATH: plays a saved policy greedily (by default the best model)."""
     from apexrl import algorithms
+    from apexrl.algorithms import demonstrations
     from apexrl.algorithms.base import prefixed
     from apexrl.algorithms.envs import EnvOptions
     from apexrl.algorithms.evaluation import evaluate
@@ -37,19 +39,28 @@ def main(argv: list[str]) -> int:
     path, meta, arrays = _checkpoint(Path(config.checkpoint), config.latest)
     agent = saved_agent(meta["config"])
     options = EnvOptions.of(agent)
+    if config.video and config.record:
+        return _refuse("record: one of video and record at a time")
     folder = None
-    if config.video:  # refused before the policy is built: nothing made, nothing written
-        from apexrl.algorithms import video
+    try:  # refused before the policy is built: nothing made, nothing written
+        if config.video:
+            from apexrl.algorithms import video
 
-        try:
             folder = video.prepare(agent.env, options, config.video)
-        except ValueError as err:
-            return _refuse(err)
-    policy = algorithms.make(agent).policy()
+        if config.record:
+            folder = demonstrations.prepare(config.record)
+    except ValueError as err:
+        return _refuse(err)
+    builder = algorithms.make(agent)
+    policy = builder.policy()
     policy.load(prefixed(arrays, "online"))
+    videos: list[tuple[Path, int]] = []
     if folder is None:
         returns = evaluate(policy, agent.env, config.episodes, config.seed, config.epsilon, options)
-        videos: list[tuple[Path, int]] = []
+    elif config.record:
+        returns, _ = demonstrations.record(
+            policy, builder.spec, config.episodes, config.seed, config.epsilon, options, folder
+        )
     else:
         returns, videos = video.record_episodes(
             policy,
@@ -77,6 +88,8 @@ def main(argv: list[str]) -> int:
     )
     for recorded, steps in videos:
         print(f"video: {recorded} ({steps} steps)")
+    if config.record:
+        print(f"demonstrations: {len(returns)} episodes in {config.record} (index.json)")
     return 0
 
 

@@ -34,6 +34,7 @@ from apexrl.algorithms.envs import (
     final_observations,
     make_vector_env,
 )
+from apexrl.algorithms.rewards import RewardShaping
 from apexrl.common.learner_client import LearnerClient, Parameters
 from apexrl.config import ActorConfig
 from apexrl.replay.sharded import connect
@@ -167,6 +168,7 @@ class Actor:
         self.builder = builder = algorithms.make(config)
         self.sync = builder.parameter_sync
         self.policy = builder.policy()
+        self.shaping = RewardShaping.of(config, builder.spec.clip_rewards)
         algorithms.set_torch_threads(config.threads)
         # Every adder has its outlet and fills its table from the same steps; the first one
         # paces the actor (its items are the ones parameter changes wait for).
@@ -267,8 +269,6 @@ class Actor:
         actions, extras = self.policy.step(obs, self.exploration, self.rng)
         next_obs, rewards, terminated, truncated, infos = self.envs.step(actions)
         done = terminated | truncated
-        # What the learner learns from; the metrics report the game's rewards.
-        learned = np.clip(rewards, -1.0, 1.0) if self.builder.spec.clip_rewards else rewards
         ends = terminated
         if config.life_loss_terminal and "lives" in infos:
             # A life lost ends the returns (discount 0), not the game: the env goes on.
@@ -276,11 +276,13 @@ class Actor:
             ends = terminated | lost
             self.lives = infos["lives"]
         final_obs = final_observations(next_obs, infos) if done.any() else next_obs
+        # What the learner learns from; the metrics report the env's rewards.
+        learned = self.shaping(rewards, obs, final_obs, terminated, ends)
         step = Step(
             obs,
             actions,
             extras,
-            np.asarray(learned, np.float32),
+            learned,
             ends,
             truncated,
             next_obs,

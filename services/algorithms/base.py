@@ -59,7 +59,7 @@ class Step:
     obs: np.ndarray  # the observations acted on
     actions: np.ndarray
     extras: dict[str, np.ndarray]  # what Policy.step returned besides the actions
-    rewards: np.ndarray  # float32, clipped when the env's protocol clips them
+    rewards: np.ndarray  # float32, the learnt ones: shaped as algorithms/rewards.py says
     ends: np.ndarray  # bool: the episode ended here (terminated, or a life lost)
     truncated: np.ndarray  # bool: the episode was cut by a time limit
     next_obs: np.ndarray  # the observations after the step (a new episode's first where one ended)

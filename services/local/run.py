@@ -20,7 +20,11 @@ from apexrl.local.supervision import Run
 
 
 def main(argv: list[str]) -> int:
-    config = parse(argv)
+    try:
+        config = parse(argv)
+    except ValueError as err:  # a setting that can never work: say which, before any process
+        print(f"apexrl local: error: {err}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     user_file: dict = {}
     config_file = os.environ.get("APEXRL_CONFIG", "")
