@@ -37,7 +37,7 @@ import numpy as np
 from apexrl.algorithms.base import Adder, ParameterSync, Policy, hidden_sizes
 from apexrl.algorithms.columns import Column
 from apexrl.algorithms.envs import EnvSpec, is_atari
-from apexrl.algorithms.on_policy import HIDDEN, OnPolicyBuilder
+from apexrl.algorithms.on_policy import HIDDEN, PENDULUM, OnPolicyBuilder
 from apexrl.algorithms.tables import TABLE, QueueTable, redefault
 from apexrl.config import option
 
@@ -131,7 +131,13 @@ class A3CBuilder(OnPolicyBuilder):
         seeds against 6.5 s for the paper's 5 (docs/benchmarks.md)."""
         presets = cls.small_machine(env_id, {"learning_rate": 2e-3})
         presets["learner"].pop("batch_size")  # one gradient an update, whatever it says
-        if not is_atari(env_id):
+        if env_id == PENDULUM:
+            # The notes' Pendulum A3C: rewards (r + 8) / 8, gamma 0.9 (the actors take the
+            # gradients, so they need it); unrolls of 32 without the entropy bonus at 1e-3.
+            presets["learner"] |= {"learning_rate": 1e-3, "gamma": 0.9}
+            presets["actor"] |= {"gamma": 0.9, "reward_scale": 0.125, "reward_offset": 1.0}
+            presets["a3c"] = {"unroll_length": 32, "entropy_cost": 0.0}
+        elif not is_atari(env_id):
             presets["a3c"] = {"unroll_length": 16}
         return presets
 
