@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/scale.py --actors 64 --seconds 60
     .venv/bin/python benchmarks/scale.py --actors 16 64 256 512 --seconds 60   # a sweep
     .venv/bin/python benchmarks/scale.py --actors 64 --seconds 60 --relays 1   # via a relay
+    .venv/bin/python benchmarks/scale.py --actors 64 --seconds 120 --churn 0.01  # 1%/s churn
 
 A real `apexrl learner` trains the dqn Atari network (its presets for the game: batch 32,
 precision auto) on the CPU from 1-4 real `apexrl replay` shards (the builder's table, the
@@ -14,6 +15,8 @@ packed as the actor packs them: one zstd frame per transition) at steps_per_s ag
 second each. The default 34.7 is Ape-X's: 12.5K transitions/s from 360 actors. With
 `relays` R, R real `apexrl relay` processes pull from the learner and the actors pull their
 parameters from them (actor i from relay i mod R), renewing their leases at the learner.
+With `churn` c, actors leave and new ones join in their place, c x N a second in all, from
+one pull period after the start (benchmarks/scale_actors.py says how).
 
 The learner is pinned to one core and everything else (replay, simulated actors, this
 process) to the other: what serving the fleet costs the learner shows in its own updates/s,
@@ -38,9 +41,11 @@ One JSON line per N on stdout (the last is the last N's); progress on stderr.
 - replay_insert_p99_s: the client's insert call, at the 99th percentile;
 - rss_per_connection_bytes: the learner's resident memory grown while serving N actors, per
   actor (replay_rss_per_connection_bytes: the shards', summed);
-- ladder_exact: every answer's exploration equals epsilon_ladder(index, count), every answer
-  in the window counts N live actors, and the actors' places are 0 .. N-1 (with `paused`,
-  see `ladder`);
+- ladder_exact: every answer's exploration equals epsilon_ladder(index, count), its count
+  is the actors whose leases were live when the learner answered, a new lease takes the last
+  place and a place never rises within a lease (benchmarks/scale_ladder.py); without churn
+  also the actors' last places are 0 .. N-1;
+- churn_left, churn_joined: actors that left over the fleet's run, and new ones that joined;
 - relay_answers, relay_bytes_served: the relays' GetParameters answers and their bytes, over
   the whole run (0 without relays);
 - errors: failed calls; cpu: each role's CPU seconds per second and each core's busy share.
@@ -61,6 +66,7 @@ from pathlib import Path
 
 import numpy as np
 from scale_actors import Fleet, run_process
+from scale_ladder import ladder
 from scale_services import (
     Probe,
     prefill,
@@ -71,7 +77,6 @@ from scale_services import (
     wait_for_updates,
 )
 
-from apexrl.algorithms.exploration import epsilon_ladder
 from apexrl.local.settings import dump_toml, parse, replay_tables
 
 
@@ -93,6 +98,7 @@ class Settings:
     paused: int = 0  # actors that fall silent past their lease mid-window, then come back
     pin: bool = True  # learner on core 0, the rest on core 1
     relays: int = 0  # parameter relays between the learner and the actors (0: none)
+    churn: float = 0.0  # fraction of the actors that leave a second, as many new ones joining
 
     @property
     def pull_period(self) -> float:
@@ -147,50 +153,11 @@ def quantile(values: list[float], q: float) -> float:
     return round(float(np.quantile(values, q)), 4) if values else math.nan
 
 
-def ladder(
-    records: list[dict],
-    n: int,
-    window: tuple[float, float],
-    paused: int,
-    pause: tuple[float, float],
-    lease: float,
-) -> dict:
-    """Whether every answer's exploration is the ladder's for its place, and the places are
-    what the live actors make them. Without `paused`: every answer in the window counts n,
-    and the actors' last answers hold places 0 .. n-1. With it: answers to the others while
-    the paused actors' leases have lapsed count n - paused (leases expire), the paused ones'
-    first answers after they come back place them last (a new lease), and the last answers
-    hold places 0 .. n-1 again (they renew)."""
-    pulls = [(r["index"], *p) for r in records for p in r["pulls"] if p[3]]
-    exact = all(0 <= i < c and e == epsilon_ladder(i, c) for _, _, _, _, _, i, c, e in pulls)
-    counts = {
-        c
-        for a, t, *_, c, _ in pulls
-        if window[0] <= t < window[1] and not (paused and pause[0] <= t < pause[1] + lease)
-    }
-    last = sorted(r["pulls"][-1][4] for r in records if r["pulls"] and r["pulls"][-1][3])
-    out = {"formula": exact, "counts_in_window": sorted(counts), "places": last == list(range(n))}
-    if paused:
-        lapsed = {
-            c for a, t, *_, c, _ in pulls if a >= paused and pause[0] + lease + 1 <= t < pause[1]
-        }
-        back = [
-            min((p for p in r["pulls"] if p[0] >= pause[1] and p[3]), default=None)
-            for r in records
-            if r["index"] < paused
-        ]
-        out["expired"] = lapsed == {n - paused}
-        out["renewed"] = all(p is not None and p[4] >= n - paused for p in back)
-    out["exact"] = all(v for k, v in out.items() if k != "counts_in_window") and counts == {n}
-    return out
-
-
 def fleet_report(
     s: Settings,
     n: int,
     records: list[dict],
     window: tuple[float, float],
-    pause: tuple[float, float],
     whole_bytes: float,
 ) -> dict:
     """The fleet's calls in the window; whole_bytes: what an answer holding every array
@@ -219,9 +186,10 @@ def fleet_report(
         "whole_pulls": sum(p[2] >= whole_bytes for p in ok_pulls),
         "replay_insert_p50_s": quantile([i[1] for i in ok_inserts], 0.5),
         "replay_insert_p99_s": quantile([i[1] for i in ok_inserts], 0.99),
-        "ladder": ladder(
-            records, n, window, s.paused if n > s.paused else 0, pause, s.lease_seconds
-        ),
+        "ladder": ladder(records, n, window, s.lease_seconds, churn=s.churn > 0),
+        # Over the whole fleet's run: actors that left, and the new ones that took their place.
+        "churn_left": sum(r["left"] is not None for r in records),
+        "churn_joined": sum(r["joined"] is not None for r in records),
         "errors": errors,
         "error_messages": [m for r in records for m in r["errors"]][:10],
         "acknowledged_items": sum(i[2] for r in records for i in r["inserts"] if i[3]),
@@ -245,6 +213,7 @@ def run_fleet(s: Settings, n: int, seconds: float, services: dict, batches: list
         paused,
         pause,
         relays=tuple(r.address for r in services["relays"]),
+        churn=s.churn,
     )
     ctx = mp.get_context("spawn")
     ready, start, stop, results = ctx.Semaphore(0), ctx.Value("d", 0.0), ctx.Event(), ctx.Queue()
@@ -276,7 +245,7 @@ def run_fleet(s: Settings, n: int, seconds: float, services: dict, batches: list
             if p.is_alive():
                 p.terminate()
     window = (a.t, b.t)
-    report = fleet_report(s, n, records, window, tuple(t0 + x for x in pause), b.parameter_bytes)
+    report = fleet_report(s, n, records, window, b.parameter_bytes)
     report |= {
         "learner_updates_per_s": round((b.updates - a.updates) / (b.t - a.t), 2),
         # The learner's CPU seconds per update: on a core shared with other work, what the
@@ -415,6 +384,8 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     parser.add_argument("--no-pin", action="store_true", help="leave every process on any core")
     args = vars(parser.parse_args(argv))
     pin = not args.pop("no_pin")
+    if not 0 <= args["churn"] <= 1:  # also refuses nan
+        parser.error(f"--churn: a fraction of the actors a second, 0 to 1, got {args['churn']}")
     return Settings(**{**args, "actors": tuple(args["actors"]), "pin": pin})
 
 

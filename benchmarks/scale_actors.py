@@ -16,6 +16,12 @@ setting), driven by a clock instead of envs. Two threads per actor, as the real 
 
 Actors start spread evenly over one pull period (a fleet in its steady state, not one burst).
 Every call is recorded: (kind, start, seconds, bytes, ok) and, for pulls, the lease answer.
+
+Churn (`churn`, a fraction of the fleet a second): from one pull period after the start, each
+process replaces one of its actors every 1 / (churn x its actors) seconds, a random one but
+the paused: the actor leaves (stops pulling and inserting, its calls in flight finished, its
+channels closed: its lease lapses at the learner) and a new one joins in its slot with a new
+index and actor_id, pulling at once.
 """
 
 import dataclasses
@@ -49,6 +55,7 @@ class Fleet:
     pause: tuple[float, float] = (0.0, 0.0)  # from, until: seconds after `start`
     start: float = 0.0  # monotonic time the first actor starts (one clock for all processes)
     relays: tuple[str, ...] = ()  # parameter relays' addresses; empty: pull from the learner
+    churn: float = 0.0  # the fraction of the fleet that leaves a second, replaced by new actors
 
     @property
     def pull_period(self) -> float:
@@ -68,6 +75,8 @@ class Record:
     inserts: list = field(default_factory=list)
     offered: list = field(default_factory=list)  # the times inserts were due
     errors: list = field(default_factory=list)
+    joined: float | None = None  # when it joined, for an actor that replaced one that left
+    left: float | None = None  # when it left, for one that churn took away
 
 
 def counting(client: LearnerClient) -> LearnerClient:
@@ -87,8 +96,9 @@ def counting(client: LearnerClient) -> LearnerClient:
 
 
 class SimulatedActor:
-    def __init__(self, index: int, fleet: Fleet, batches: list[dict], stop: threading.Event):
-        self.index, self.fleet, self.batches, self.stop = index, fleet, batches, stop
+    def __init__(self, index: int, fleet: Fleet, batches: list[dict], joined: float | None = None):
+        self.index, self.fleet, self.batches = index, fleet, batches
+        self.stop = threading.Event()
         self.actor_id = f"sim-{index}-{uuid.uuid4().hex[:8]}"
         self.record = Record()
         self.learner = counting(
@@ -103,6 +113,7 @@ class SimulatedActor:
         self.replay = connect(fleet.replay, timeout=30.0, retry_seconds=1.0, channel_options=OWN)
         self.held = threading.Event()  # set once it holds parameters: it may act
         self.offset = fleet.pull_period * index / fleet.actors  # its start, after fleet.start
+        self.record.joined = joined
         self.rng = np.random.default_rng(index)
         self.threads = [
             threading.Thread(target=self._pulls, daemon=True),
@@ -114,6 +125,8 @@ class SimulatedActor:
             thread.start()
 
     def join(self) -> None:
+        """Stops it: the calls in flight finish, then its channels close."""
+        self.stop.set()
         for thread in self.threads:
             thread.join(60)
         self.learner.close()
@@ -131,7 +144,8 @@ class SimulatedActor:
         return not self.stop.wait(max(0.0, due - time.monotonic()))
 
     def _pulls(self) -> None:
-        version, lineage, due = 0, 0, self.fleet.start + self.offset
+        version, lineage = 0, 0
+        due = self.fleet.start + self.offset if self.record.joined is None else self.record.joined
         while self._wait_until(due := self._next(due)):
             started = time.monotonic()
             source = self.relay or self.learner
@@ -194,19 +208,47 @@ class SimulatedActor:
 
 def run_process(indices: list[int], fleet: Fleet, batches, ready, start, stop, results) -> None:
     """A process's actors: channels open, then `ready`; they start from the monotonic time
-    the parent puts in `start` (a shared double, 0 until then), and end at `stop`; their
-    records go to `results` (one dict per actor)."""
-    stopping = threading.Event()
-    actors = [SimulatedActor(i, fleet, batches, stopping) for i in indices]
+    the parent puts in `start` (a shared double, 0 until then), and end at `stop`; with
+    churn, actors leave and join meanwhile. Every actor's record goes to `results` (one dict
+    per actor that ran, the ones that left included)."""
+    actors = {i: SimulatedActor(i, fleet, batches) for i in indices}
     ready.release()
     while not start.value:
         time.sleep(0.01)
-    for actor in actors:
-        actor.fleet = dataclasses.replace(fleet, start=start.value)
-    for actor in actors:
+    fleet = dataclasses.replace(fleet, start=start.value)
+    for actor in actors.values():
+        actor.fleet = fleet
         actor.start()
+    gone = churn(actors, fleet, batches, stop) if fleet.churn else []
     stop.wait()
-    stopping.set()
-    for actor in actors:
+    for actor in actors.values():
         actor.join()
-    results.put([{"index": a.index, **a.record.__dict__} for a in actors])
+    ran = gone + list(actors.values())
+    results.put([{"index": a.index, **a.record.__dict__} for a in ran])
+
+
+def churn(actors: dict, fleet: Fleet, batches, stop) -> list[SimulatedActor]:
+    """Replaces a random actor of `actors` (slot -> actor; the paused stay) every
+    1 / (churn x len(actors)) seconds until `stop`; returns the ones that left. The actor
+    that joins slot i takes index i + g x fleet.actors, g its slot's generation: unique
+    over the fleet's processes without a word between them."""
+    slots = sorted(i for i in actors if i >= fleet.paused)
+    if not slots:
+        return []
+    rng = np.random.default_rng(slots[0])
+    period = 1.0 / (fleet.churn * len(actors))
+    due = fleet.start + fleet.pull_period + period * rng.uniform()
+    generation = dict.fromkeys(slots, 0)
+    gone = []
+    while not stop.wait(max(0.0, due - time.monotonic())):
+        slot = int(rng.choice(slots))
+        generation[slot] += 1
+        index = slot + generation[slot] * fleet.actors
+        joining = SimulatedActor(index, fleet, batches, joined=time.monotonic())
+        joining.start()
+        leaving, actors[slot] = actors[slot], joining
+        leaving.record.left = time.monotonic()
+        leaving.join()
+        gone.append(leaving)
+        due += period
+    return gone

@@ -9,6 +9,7 @@ security, NetworkPolicy flows, the Prometheus Operator extras and the Dockerfile
 import dataclasses
 import functools
 import json
+import math
 import os
 import re
 import shutil
@@ -54,7 +55,7 @@ PEERS = {"replay": "replay", "learner": "learner", "parameters": "relay"}
 # of that name (apexrl.replay.shards); the other services are Deployments.
 KIND = {name: "StatefulSet" if name == "replay" else "Deployment" for name in SERVICES}
 DNS_SCHEME = "dns:///"
-REPLAY_SHARDS = {"overlays/large": 4}  # the others: 1
+REPLAY_SHARDS = {"overlays/large": 4, "overlays/apex": 4}  # the others: 1
 # Every overlay folder, found on disk: one added is rendered, validated and its ConfigMap
 # parsed by every service here without being listed.
 OVERLAYS = sorted(
@@ -473,7 +474,7 @@ def test_replay_is_a_statefulset_of_shards_behind_a_headless_service(bundle):
 def test_actor_replicas_are_the_scale_knob(bundle):
     name, docs = bundle
     actor = workloads(docs)["actor"]
-    expected = {"overlays/large": 32, "overlays/atari": 16}.get(name, 4)
+    expected = {"overlays/large": 32, "overlays/atari": 16, "overlays/apex": 360}.get(name, 4)
     assert actor["spec"]["replicas"] == expected
     assert actor["spec"].get("strategy", {}).get("type", "RollingUpdate") == "RollingUpdate"
 
@@ -657,6 +658,38 @@ def test_atari_overlay_runs_pong_from_compressed_frames_with_room_for_2m_transit
     # Two checkpoints of MsPacman-size frames fit each shard's claim.
     (template,) = claim_templates(replay).values()
     assert quantity(template["spec"]["resources"]["requests"]["storage"]) >= 2 * 2_000_000 * 1.9e3
+
+
+def test_apex_overlay_is_sized_as_the_paper():
+    """Ape-X DQN (Horgan et al. 2018): 360 actors of one env pulling every 400 steps, the
+    learner on one GPU, 2M transitions over the shards, a relay per 64 actors at most; sized
+    from docs/scaling.md's figures at Ape-X's 34.7 agent steps/s an actor."""
+    docs = bundle_docs("overlays/apex")
+    data, pods = tomllib.loads(config_toml(docs)), workloads(docs)
+    actors, shards = pods["actor"]["spec"]["replicas"], pods["replay"]["spec"]["replicas"]
+    relays = pods["relay"]["spec"]["replicas"]
+    table = replay_table(data)
+    assert (data["algorithm"], actors, data["actor"]["num_envs"]) == ("dqn", 360, 1)
+    assert data["actor"]["pull_interval"] == 400 and data["learner"]["batch_size"] == 512
+    assert container(pods["learner"])["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert shards * table["capacity"] == 2_000_000 and shards > 1
+    assert relays == math.ceil(actors / 64)
+    # A lease outlasts an actor's pull period at Ape-X's pace (400 / 34.7 = 11.5 s).
+    assert data["learner"]["lease_seconds"] > 400 / 34.7
+    # Each relay takes at most one version every 2 s from the learner.
+    env = {e["name"]: e["value"] for e in container(pods["relay"])["env"]}
+    assert float(env["APEXRL_MIN_PULL_SECONDS"]) == 2.0
+    # Ape-X's ratio: 19 batches of 512 a second over 12.5K transitions, per shard.
+    assert table["samples_per_insert"] == pytest.approx(19 * 512 / 12_500, abs=0.01)
+    assert table["min_size_to_sample"] * shards == 50_000
+    # A shard's memory holds its MsPacman-size transitions (1,854 B, docs/benchmarks.md), and
+    # its claim two checkpoints of them.
+    resources = container(pods["replay"])["resources"]
+    assert quantity(resources["limits"]["memory"]) >= table["capacity"] * 1_854 * 2
+    assert quantity(resources["requests"]["memory"]) >= table["capacity"] * 457 * 2
+    (template,) = claim_templates(pods["replay"]).values()
+    claim = quantity(template["spec"]["resources"]["requests"]["storage"])
+    assert claim >= 2 * table["capacity"] * 1_854
 
 
 def test_large_overlay_config_differs_only_in_replay():
