@@ -87,7 +87,6 @@ def figure(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
     from matplotlib.ticker import FuncFormatter
 
     fig, (wall, steps) = plt.subplots(1, 2, figsize=(11, 4.8), layout="constrained")
@@ -112,17 +111,7 @@ def figure(
                     **style,
                 )
 
-    for seconds, index, text in marks:
-        at = seconds / 60 if minutes else seconds
-        wall.axvline(at, color=f"C{index}", linestyle=":", linewidth=1)
-        wall.annotate(
-            text,
-            (at, 0.02),
-            xycoords=("data", "axes fraction"),
-            rotation=90,
-            fontsize=7,
-            color=f"C{index}",
-        )
+    _mark(wall, marks, 60 if minutes else 1)
     off_scale = target is not None and _off_scale(target, scores)
     for ax in (wall, steps):
         if target is not None and not off_scale:
@@ -151,19 +140,42 @@ def figure(
         title += f"; target {target:g} ({target_source}) far off the scores, not drawn"
     fig.suptitle(title)
     handles, labels = steps.get_legend_handles_labels()
-    if several:  # a colour per run (its best model), then each curve's style once, in gray
-        lines = list(zip(handles, labels, strict=True))
-        bests = [(h, lab) for h, lab in lines if lab.endswith(": " + BEST)]
-        handles = [h for h, _ in bests]
-        labels = [lab.removesuffix(": " + BEST) for _, lab in bests]
-        for label, _, style in CURVES:
-            if any(lab.endswith(": " + label) for _, lab in lines):
-                handles.append(Line2D([], [], color="gray", **style))
-                labels.append(label)
-        handles += [h for h, lab in lines if lab.startswith("target")]
-        labels += [lab for _, lab in lines if lab.startswith("target")]
+    if several:
+        handles, labels = _legend_of_several(handles, labels)
     fig.legend(handles, labels, loc="outside lower center", ncols=min(len(handles), 4))
     return fig
+
+
+def _legend_of_several(handles: list, labels: list[str]) -> tuple[list, list[str]]:
+    """A colour per run (its best model), then each curve's style once, in gray."""
+    from matplotlib.lines import Line2D
+
+    lines = list(zip(handles, labels, strict=True))
+    bests = [(h, lab) for h, lab in lines if lab.endswith(": " + BEST)]
+    handles = [h for h, _ in bests]
+    labels = [lab.removesuffix(": " + BEST) for _, lab in bests]
+    for label, _, style in CURVES:
+        if any(lab.endswith(": " + label) for _, lab in lines):
+            handles.append(Line2D([], [], color="gray", **style))
+            labels.append(label)
+    handles += [h for h, lab in lines if lab.startswith("target")]
+    labels += [lab for _, lab in lines if lab.startswith("target")]
+    return handles, labels
+
+
+def _mark(ax, marks: Sequence[tuple[float, int, str]], scale: float) -> None:
+    """Each (seconds, run index, label) as a dotted line in the run's colour, labelled."""
+    for seconds, index, text in marks:
+        at = seconds / scale
+        ax.axvline(at, color=f"C{index}", linestyle=":", linewidth=1)
+        ax.annotate(
+            text,
+            (at, 0.02),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            fontsize=7,
+            color=f"C{index}",
+        )
 
 
 def run_label(run: Run) -> str:

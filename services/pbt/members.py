@@ -16,12 +16,15 @@ checkpoint or the complete copy, never a mix, and its learner restores exactly t
 
 import csv
 import math
+import time
 from pathlib import Path
 
 from apexrl.common import checkpoint
 from apexrl.learner.checkpoint import KIND as LEARNER
 from apexrl.local.monitoring import FIELDS, collect
 from apexrl.local.supervision import Run
+
+START_SECONDS = 120.0  # as local mode waits for its children
 
 
 class Member:
@@ -32,6 +35,8 @@ class Member:
         self.previous: dict | None = None  # this start's previous row, as collect() gave it
         self.steps_before = 0.0  # env steps of the member's earlier starts
         self.first_row = 0  # the first row of the member's current start
+        self.starts = 0
+        self.launched = 0.0  # time.monotonic() of the current start
         self.file = open(run.run_dir / "metrics.csv", "w", newline="")  # noqa: SIM115
         self.writer = csv.DictWriter(self.file, FIELDS)
         self.writer.writeheader()
@@ -41,20 +46,30 @@ class Member:
         return self.run.checkpoint_dir
 
     def launch(self) -> None:
-        """Starts the member's replay, learner and actors (from the main thread: a child gets
-        SIGTERM when the thread that started it ends, supervision.die_with_parent)."""
-        self.run.children = []
+        """Starts the member's replay, learner and actors without waiting (from the main
+        thread: a child gets SIGTERM when the thread that started it ends); poll() starts the
+        evaluator once they serve, as local mode does once the learner serves. A member
+        started again keeps its earlier logs in logs-<n>."""
+        logs = self.run.run_dir / "logs"
+        if self.starts and logs.exists():
+            logs.rename(self.run.run_dir / f"logs-{self.starts}")
+            logs.mkdir()
+        self.starts += 1
+        self.run.children, self.run.evaluator = [], None
         self.run.start_all(wait=False)
+        self.launched = time.monotonic()
 
-    def serving(self) -> None:
-        """Waits until the processes launch() started serve, then starts the evaluator (as
-        local mode does, once the learner serves)."""
-        self.run.wait_ready(self.run.children)
-        self.run.start_evaluator()
-
-    def start(self) -> None:
-        self.launch()
-        self.serving()
+    def poll(self) -> None:
+        """Starts the evaluator once the launched processes all serve; RuntimeError naming
+        the member when one has not in START_SECONDS."""
+        if self.run.evaluator is not None:
+            return
+        if all(child.ready_file.exists() for child in self.run.children):
+            self.run.wait_ready(self.run.children)  # reads their ports: ready already
+            self.run.start_evaluator()
+        elif time.monotonic() - self.launched > START_SECONDS:
+            late = [c.name for c in self.run.children if not c.ready_file.exists()]
+            raise RuntimeError(f"{self.name}: {', '.join(late)} did not start in {START_SECONDS} s")
 
     def stop(self) -> None:
         self.run.stop_all()

@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 import tomllib
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from apexrl.algorithms.envs import default_target
@@ -46,15 +45,11 @@ class Population:
         self.lineage.write(json.dumps(entry) + "\n")
         self.lineage.flush()
 
-    def each(self, work) -> None:
-        """work(member) for every member at once (starting and stopping are mostly waiting)."""
-        with ThreadPoolExecutor(len(self.members)) as pool:
-            list(pool.map(work, self.members))
-
     def step(self, seconds: float, target: float, stop: threading.Event) -> str:
         """One row per member, then a round when one is due; the solved line (empty: not yet).
         RuntimeError naming the member when one of its processes exited."""
         for member in self.members:
+            member.poll()
             dead = member.run.dead_child()
             if dead is not None:
                 raise RuntimeError(
@@ -119,7 +114,16 @@ class Population:
             flush=True,
         )
         if not stop.is_set():
-            loser.start()
+            loser.launch()
+
+
+def stop_all(members: list[Member]) -> None:
+    """Every member stopped at once (stopping is mostly waiting for the processes)."""
+    threads = [threading.Thread(target=member.stop) for member in members]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def loser_score(record: dict, name: str) -> str:
@@ -187,10 +191,8 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     outcome, code = "", 1
     try:
-        for member in population.members:  # every member's processes at once, then wait
+        for member in population.members:  # every member's processes at once
             member.launch()
-        for member in population.members:
-            member.serving()
         print(
             f"{PROG}: {config.env}, {config.population} members, every {config.interval:g} s,"
             f" folder {population.directory}",
@@ -200,7 +202,7 @@ def main(argv: list[str]) -> int:
     except RuntimeError as err:
         outcome = f"not solved: {err}"
     finally:
-        population.each(Member.stop)
+        stop_all(population.members)
         for member in population.members:
             member.close()
         population.lineage.close()
