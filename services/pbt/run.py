@@ -4,6 +4,7 @@ row of their metrics.csv as local mode's, an exploit/explore round every `interv
 member's best model reaches the target (the same "solved" line as local mode's) or the budget
 runs out. SIGTERM stops every member and exits 0."""
 
+import dataclasses
 import json
 import logging
 import math
@@ -17,8 +18,9 @@ import tomllib
 from pathlib import Path
 
 from apexrl.algorithms.envs import default_target
-from apexrl.command_config import PbtConfig
+from apexrl.command_config import LocalConfig, PbtConfig
 from apexrl.common import checkpoint
+from apexrl.config import env_name
 from apexrl.learner.checkpoint import KIND as LEARNER
 from apexrl.local.run import best_model
 from apexrl.local.settings import parse_as
@@ -31,6 +33,10 @@ log = logging.getLogger(__name__)
 
 LINEAGE = "lineage.jsonl"  # one JSON object a line: each member's start, then every exploit
 PROG = "apexrl pbt"
+LOCAL_SETTINGS = {f.name for f in dataclasses.fields(LocalConfig)}
+POPULATION_SETTINGS = [
+    f.name for f in dataclasses.fields(PbtConfig) if f.name not in LOCAL_SETTINGS
+]
 
 
 class Population:
@@ -152,6 +158,10 @@ def setup(argv: list[str]) -> tuple[PbtConfig, Population, float]:
     ValueError naming a setting that can never work, before any folder exists."""
     config = parse_as(PbtConfig, argv, "pbt")
     user_file = read_user_file(argv)
+    # The population's own settings are not the members': APEXRL_INTERVAL would otherwise
+    # reach every member's evaluator (its `interval`) through the environment they inherit.
+    for name in POPULATION_SETTINGS:
+        os.environ.pop(env_name(name), None)
     rules, explore = pbt_settings.check(config)
     target = (
         default_target(config.env) if math.isnan(config.target_return) else config.target_return

@@ -17,6 +17,7 @@ from apexrl import plot
 from apexrl.command_config import PbtConfig
 from apexrl.common import checkpoint
 from apexrl.local.settings import parse_as
+from apexrl.pbt import run as pbt_run
 from apexrl.pbt import settings as pbt_settings
 from apexrl.pbt.members import copy_state
 
@@ -145,3 +146,21 @@ def test_a_population_plot_holds_each_member_and_marks_each_exploit(tmp_path):
     assert [r.name for r in runs] == [f"{tmp_path.name}/member-0", f"{tmp_path.name}/member-1"]
     assert marks == [(2.5, 0, "member-0 from member-1")]
     assert plot.population_curves(tmp_path, 475.0).stat().st_size > 0
+
+
+def test_bad_input_leaves_no_folder_behind(tmp_path):
+    with pytest.raises(ValueError, match="population: must be >= 2"):
+        pbt_run.setup(["--population", "1", "--run-dir", str(tmp_path / "population")])
+    assert not (tmp_path / "population").exists()
+
+
+def test_the_population_settings_stay_out_of_the_members_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("APEXRL_INTERVAL", "7")  # also the evaluator's `interval`
+    config, population, _ = pbt_run.setup(["--population", "2", "--run-dir", str(tmp_path)])
+    for member in population.members:
+        member.close()
+    population.lineage.close()
+    assert config.interval == 7.0 and "APEXRL_INTERVAL" not in os.environ
+    starts = [json.loads(line) for line in (tmp_path / "lineage.jsonl").read_text().splitlines()]
+    assert [s["member"] for s in starts] == ["member-0", "member-1"]
+    assert all(1e-5 <= s["settings"]["learning_rate"] <= 1e-1 for s in starts)
