@@ -24,7 +24,10 @@ from apexrl.learner.checkpoint import KIND as LEARNER
 from apexrl.local.monitoring import FIELDS, collect
 from apexrl.local.supervision import Run
 
-START_SECONDS = 120.0  # as local mode waits for its children
+# A member's processes must serve within this. More than local mode's 120 s: a member starts
+# again at every copy, beside the other members' training, and on a busy 2-core machine a
+# restarted learner took over 120 s (load average near 40).
+START_SECONDS = 300.0
 
 
 class Member:
