@@ -146,6 +146,12 @@ def local(argv: list[str]) -> None:
     sys.exit(main(argv))
 
 
+def pbt(argv: list[str]) -> None:
+    from apexrl.pbt.run import main
+
+    sys.exit(main(argv))
+
+
 def evaluate(argv: list[str]) -> None:
     from apexrl import play
 
@@ -172,6 +178,7 @@ def plot(argv: list[str]) -> None:
 
 COMMANDS = {
     "local": (local, "run replay, learner, actors and evaluator as processes on loopback"),
+    "pbt": (pbt, "population-based training: local runs, the worst go on from the best"),
     "replay": (replay, "prioritized experience replay server"),
     "learner": (learner, "trains the algorithm from replay, serves parameters to actors"),
     "relay": (relay, "pulls each parameter version from the learner once, serves it to actors"),

@@ -1,11 +1,12 @@
 """The settings of the commands a person runs beside the services: `apexrl local` (a whole run
-on one machine), `apexrl eval` (plays a checkpoint) and `apexrl set` (changes a running
-learner's settings). None is a process of a deployment (those are config.py's, each a
-ProcessConfig); each is read from defaults, file, environment and flags as config.py documents.
+on one machine), `apexrl pbt` (a population of them), `apexrl eval` (plays a checkpoint) and
+`apexrl set` (changes a running learner's settings). None is a process of a deployment (those
+are config.py's, each a ProcessConfig); each is read from defaults, file, environment and flags
+as config.py documents.
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from apexrl.config import AgentConfig, ClientTLSConfig, option
 
@@ -44,6 +45,34 @@ class LocalConfig(AgentConfig):
         " tensorboard extra)",
     )
     log_level: str = option("INFO", "logging level of the services (their logs go to RUN_DIR/logs)")
+
+
+@dataclass
+class PbtConfig(LocalConfig):
+    """apexrl pbt: a population of local-mode runs trained by population-based training; at
+    each interval the worst go on from the best's newest checkpoint with perturbed settings
+    (docs/pbt.md). Top-level settings and [pbt] apply; every member shares them."""
+
+    population: int = option(4, "members (local-mode runs sharing this machine), at least 2")
+    interval: float = option(30.0, "seconds between exploit/explore rounds (> 0)")
+    fraction: float = option(
+        0.25, "truncation selection: the bottom this fraction copies a member of the top as much"
+    )
+    perturb: str = option(
+        "0.8,1.2", "explore: factors a copied setting is multiplied by, one drawn each (each > 0)"
+    )
+    resample_probability: float = option(
+        0.1, "explore: probability a copied setting is drawn afresh from its initial distribution"
+    )
+    explore: list = field(
+        default_factory=list,
+        metadata={
+            "help": "the settings PBT moves ([[pbt.explore]] entries: setting = NAME and one of"
+            " log_uniform = [LOW, HIGH], uniform = [LOW, HIGH], values = [one per member]);"
+            " none: learning_rate log-uniform over [1e-5, 1e-1]",
+            "file_only": True,
+        },
+    )
 
 
 @dataclass

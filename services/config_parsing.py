@@ -127,7 +127,7 @@ def env_name(name: str) -> str:
     return "APEXRL_" + name.upper()
 
 
-SECTIONS = ("replay", "learner", "actor", "evaluator", "local", "eval")
+SECTIONS = ("replay", "learner", "actor", "evaluator", "local", "eval", "pbt")
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,19 @@ column, the actors' mean episode return as a faint line; against wall time (left
 
 import argparse
 import csv
+import json
 import logging
 import math
 import sys
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+# An `apexrl pbt` folder's lineage: each member's start, then every exploit step.
+LINEAGE = "lineage.jsonl"
 # Runs longer than this are drawn against minutes rather than seconds.
 MINUTES_AFTER_SECONDS = 600.0
 # The actors' mean undiscounted return over the episodes they finished since the previous row.
@@ -69,15 +73,20 @@ def count_label(value: float, _pos=None) -> str:
     return f"{round(value, 3):g}"
 
 
-def figure(runs: list[Run], target: float | None, target_source: str = "given"):
+def figure(
+    runs: list[Run],
+    target: float | None,
+    target_source: str = "given",
+    marks: Sequence[tuple[float, int, str]] = (),
+):
     """Each run's best model, evaluations and actors' returns against wall time (left) and env
     steps (right); the target as a dashed line (None: no line), `target_source` saying where it
-    comes from ("given", "CartPole-v1's threshold")."""
+    comes from ("given", "CartPole-v1's threshold"); `marks`: (seconds, run index, label) as
+    a dotted line in that run's colour on the wall-time plot (a population's exploit steps)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
     from matplotlib.ticker import FuncFormatter
 
     fig, (wall, steps) = plt.subplots(1, 2, figsize=(11, 4.8), layout="constrained")
@@ -102,6 +111,7 @@ def figure(runs: list[Run], target: float | None, target_source: str = "given"):
                     **style,
                 )
 
+    _mark(wall, marks, 60 if minutes else 1)
     off_scale = target is not None and _off_scale(target, scores)
     for ax in (wall, steps):
         if target is not None and not off_scale:
@@ -130,19 +140,42 @@ def figure(runs: list[Run], target: float | None, target_source: str = "given"):
         title += f"; target {target:g} ({target_source}) far off the scores, not drawn"
     fig.suptitle(title)
     handles, labels = steps.get_legend_handles_labels()
-    if several:  # a colour per run (its best model), then each curve's style once, in gray
-        lines = list(zip(handles, labels, strict=True))
-        bests = [(h, lab) for h, lab in lines if lab.endswith(": " + BEST)]
-        handles = [h for h, _ in bests]
-        labels = [lab.removesuffix(": " + BEST) for _, lab in bests]
-        for label, _, style in CURVES:
-            if any(lab.endswith(": " + label) for _, lab in lines):
-                handles.append(Line2D([], [], color="gray", **style))
-                labels.append(label)
-        handles += [h for h, lab in lines if lab.startswith("target")]
-        labels += [lab for _, lab in lines if lab.startswith("target")]
+    if several:
+        handles, labels = _legend_of_several(handles, labels)
     fig.legend(handles, labels, loc="outside lower center", ncols=min(len(handles), 4))
     return fig
+
+
+def _legend_of_several(handles: list, labels: list[str]) -> tuple[list, list[str]]:
+    """A colour per run (its best model), then each curve's style once, in gray."""
+    from matplotlib.lines import Line2D
+
+    lines = list(zip(handles, labels, strict=True))
+    bests = [(h, lab) for h, lab in lines if lab.endswith(": " + BEST)]
+    handles = [h for h, _ in bests]
+    labels = [lab.removesuffix(": " + BEST) for _, lab in bests]
+    for label, _, style in CURVES:
+        if any(lab.endswith(": " + label) for _, lab in lines):
+            handles.append(Line2D([], [], color="gray", **style))
+            labels.append(label)
+    handles += [h for h, lab in lines if lab.startswith("target")]
+    labels += [lab for _, lab in lines if lab.startswith("target")]
+    return handles, labels
+
+
+def _mark(ax, marks: Sequence[tuple[float, int, str]], scale: float) -> None:
+    """Each (seconds, run index, label) as a dotted line in the run's colour, labelled."""
+    for seconds, index, text in marks:
+        at = seconds / scale
+        ax.axvline(at, color=f"C{index}", linestyle=":", linewidth=1)
+        ax.annotate(
+            text,
+            (at, 0.02),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            fontsize=7,
+            color=f"C{index}",
+        )
 
 
 def run_label(run: Run) -> str:
@@ -218,6 +251,37 @@ def read_run(folder: Path) -> Run:
     return Run(str(folder), rows, *_settings(folder))
 
 
+def read_population(folder: Path, first: int = 0) -> tuple[list[Run], list[tuple[float, int, str]]]:
+    """An `apexrl pbt` folder's members, each a run, and its exploit steps as figure() marks
+    (run indices from `first`); ValueError naming the folder when a member cannot be read."""
+    path = folder / LINEAGE
+    try:
+        entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path}: unreadable ({err})") from err
+    names = [e["member"] for e in entries if e["copied_from"] is None]
+    runs = [read_run(folder / name) for name in names]
+    for run, name in zip(runs, names, strict=True):
+        run.name = f"{folder.name}/{name}"
+    marks = [
+        (e["seconds"], first + names.index(e["member"]), f"{e['member']} from {e['copied_from']}")
+        for e in entries
+        if e["copied_from"] is not None
+    ]
+    return runs, marks
+
+
+def population_curves(folder: Path, target: float) -> Path:
+    """The members' curves with the exploit steps marked, as `folder`/population.png;
+    ImportError without matplotlib, ValueError for a folder it cannot read."""
+    import matplotlib  # noqa: F401
+
+    runs, marks = read_population(folder)
+    path = folder / "population.png"
+    save(figure(runs, target, target_source(target, runs[0].env), marks), path)
+    return path
+
+
 def _settings(folder: Path) -> tuple[str | None, str | None, int | None]:
     """The env, algorithm and seed a run used, from its config.toml (None where it has none)."""
     try:
@@ -234,7 +298,13 @@ def main(argv: list[str]) -> int:
         description="Overlays local-mode runs' learning curves (each run's best model, its"
         " evaluations and its actors' returns, against wall time and env steps) in one PNG.",
     )
-    parser.add_argument("runs", nargs="+", type=Path, help="run folders (each with metrics.csv)")
+    parser.add_argument(
+        "runs",
+        nargs="+",
+        type=Path,
+        help="run folders (each with metrics.csv), or `apexrl pbt` folders (every member, each"
+        " exploit step marked)",
+    )
     parser.add_argument("--output", default="runs.png", help="the PNG to write")
     parser.add_argument(
         "--target-return",
@@ -244,7 +314,14 @@ def main(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
     try:
-        runs = [read_run(folder) for folder in args.runs]
+        runs: list[Run] = []
+        marks: list[tuple[float, int, str]] = []
+        for folder in args.runs:
+            if (folder / LINEAGE).exists():  # a population: its members, exploits marked
+                members, steps = read_population(folder, len(runs))
+                runs, marks = runs + members, marks + steps
+            else:
+                runs.append(read_run(folder))
         import matplotlib  # noqa: F401
     except ValueError as err:
         return _refuse(err)
@@ -255,7 +332,7 @@ def main(argv: list[str]) -> int:
         target = default_target(runs)
         source = f"{runs[0].env}'s threshold"
     try:
-        save(figure(runs, target, source), Path(args.output))
+        save(figure(runs, target, source, marks), Path(args.output))
     except OSError as err:
         return _refuse(f"--output {args.output}: cannot write ({err.strerror or err})")
     print(f"{args.output}: {len(runs)} runs")

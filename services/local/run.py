@@ -78,12 +78,12 @@ def main(argv: list[str]) -> int:
         if scalars is not None:
             scalars.close()
     if code == 0:
-        outcome += "; " + _best_model(run.checkpoint_dir)
+        outcome += "; " + best_model(run.checkpoint_dir)
     print(("\n" if sys.stdout.isatty() else "") + outcome, flush=True)
     return code
 
 
-def _best_model(checkpoint_dir: Path) -> str:
+def best_model(checkpoint_dir: Path) -> str:
     """What the learner kept as the best model: the parameters that earned "solved"."""
     from apexrl.common import checkpoint
     from apexrl.learner.best import KIND as BEST

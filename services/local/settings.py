@@ -4,7 +4,7 @@ one TOML file every child process reads (as a ConfigMap would)."""
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import tomli_w
 
@@ -14,6 +14,8 @@ from apexrl.command_config import LocalConfig
 from apexrl.draws import Draw
 from apexrl.replay_tables import entry as table_entry
 from apexrl.schedules import Schedule
+
+L = TypeVar("L", bound=LocalConfig)
 
 # Settings local mode gives each service, under the algorithm's presets for the env and the
 # user's --config file.
@@ -36,15 +38,21 @@ TABLE_SETTINGS = {f.name for f in dataclasses.fields(cfg.ReplayTableConfig)} | {
 
 def parse(argv: list[str]) -> LocalConfig:
     """Local mode's settings; the algorithm's own ones over its presets for the env."""
+    return parse_as(LocalConfig, argv, "local")
+
+
+def parse_as(cls: type[L], argv: list[str], section: str) -> L:
+    """The settings of local mode or of a command built on it (as `apexrl pbt`), from its
+    [section] table."""
     from apexrl import algorithms
 
-    prog = "apexrl local"
-    config = cfg.parse(LocalConfig, argv, "local", prog, algorithms.REGISTRY)
+    prog = f"apexrl {section}"
+    config = cfg.parse(cls, argv, section, prog, algorithms.REGISTRY)
     builder = algorithms.get(config.algorithm)
     presets = builder.presets(config.env)
     if presets.get(builder.name):
         defaults = {builder.name: presets[builder.name]}
-        config = cfg.parse(LocalConfig, argv, "local", prog, algorithms.REGISTRY, defaults)
+        config = cfg.parse(cls, argv, section, prog, algorithms.REGISTRY, defaults)
     return config
 
 

@@ -92,9 +92,9 @@ class Run:
     learner_address = ""
     evaluator: Child | None = None
 
-    def start_all(self) -> None:
+    def start_all(self, wait: bool = True) -> None:
         """Starts the replay, the learner and the actors at once (imports dominate start-up),
-        then waits until all serve. The evaluator comes next (start_evaluator), once the
+        then waits until all serve (wait=False: the caller calls wait_ready). The evaluator comes next (start_evaluator), once the
         learner serves: on two cores its imports would otherwise compete with the learner's
         (torch) on the way to the first version, which it needs to play anything; and it is
         there for the first versions, which it plays in order where the algorithm asks for
@@ -133,7 +133,8 @@ class Run:
                 learner_address,
                 *seed,
             )
-        self.wait_ready(self.children)
+        if wait:
+            self.wait_ready(self.children)
 
     def start_evaluator(self) -> None:
         """Launches the evaluator without waiting for it (its metrics count once it is ready)."""

@@ -17,6 +17,7 @@ ALGORITHM_FOLDERS = sorted(
 )
 COMMANDS = {
     "local": command_config.LocalConfig,
+    "pbt": command_config.PbtConfig,
     "learner": config.LearnerConfig,
     "actor": config.ActorConfig,
     "evaluator": config.EvaluatorConfig,
