@@ -252,6 +252,7 @@ def test_pendulum_presets_are_the_zoos_and_ppos_actors_wait_for_the_long_batches
         presets["ppo"] | {"unroll_length": 1024, "epochs": 10, "minibatches": 64} == presets["ppo"]
     )
     assert presets["learner"]["gamma"] == presets["actor"]["gamma"] == 0.9
+    assert presets["ppo"]["sde_sample_freq"] == 4  # the zoo's use_sde, sde_sample_freq 4
     # local mode's 2 actors: 4 envs, each unroll one env's, as the zoo's n_envs 4
     assert presets["learner"]["batch_size"] == 2 * presets["actor"]["num_envs"] == 4
     long = builder(unroll_length=1024).parameter_sync

@@ -77,7 +77,8 @@ class PPOBuilder(OnPolicyBuilder):
         not copied. The evaluator, at nice 10, plays on the CPU that the learner and the actors
         leave idle while they take turns. Pendulum-v1: the zoo's ppo settings for it
         (OnPolicyBuilder.pendulum: 10 epochs of 64 minibatches over 4 x 1024 steps, GAE lambda
-        0.95). docs/benchmarks.md has the figures."""
+        0.95, gSDE drawn every 4 steps). docs/benchmarks.md and docs/algorithms.md (gSDE) have
+        the figures."""
         if env_id == PENDULUM:
             presets = cls.pendulum({})
             presets["ppo"] = {
@@ -86,6 +87,7 @@ class PPOBuilder(OnPolicyBuilder):
                 "minibatches": 64,
                 "gae_lambda": 0.95,
                 "entropy_cost": 0.0,
+                "sde_sample_freq": 4,
             }
             return presets
         presets = cls.small_machine(env_id, {"max_grad_norm": 0.5})
