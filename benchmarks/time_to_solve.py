@@ -26,8 +26,8 @@ On-policy tasks: cartpole-ppo, cartpole-impala, cartpole-unreal, cartpole-reinfo
 apexrl),
 acrobot-ppo, acrobot-impala (Acrobot-v1, -100) and, with Gaussian policies on continuous actions,
 pendulum-ppo, pendulum-impala (Pendulum-v1, -200): apexrl ppo or impala against SB3 PPO with the
-zoo's hyperparams/ppo.yml (Pendulum: the zoo's gSDE exploration for SB3, a plain Gaussian for
-apexrl) (its lin_X schedules decay over the zoo's n_timesteps; Acrobot under
+zoo's hyperparams/ppo.yml (Pendulum: the zoo's gSDE exploration for SB3, and for apexrl ppo,
+whose preset has it; a plain Gaussian for impala) (its lin_X schedules decay over the zoo's n_timesteps; Acrobot under
 VecNormalize, whose statistics at that moment normalize the greedy episodes' observations and
 travel with the best model). apexrl runs local mode's settings for the algorithm (plus
 `--apexrl-config`'s, for experiments). SB3's

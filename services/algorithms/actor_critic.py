@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from apexrl.algorithms.base import Learning, Policy, prefixed
-from apexrl.algorithms.gaussian import DiagGaussian, GaussianHead
+from apexrl.algorithms.gaussian import DiagGaussian, GaussianHead, StateDependentHead
 from apexrl.algorithms.networks import (
     NatureConvTorso,
     adam,
@@ -50,11 +50,13 @@ class ActorCriticNetwork(nn.Module):
         *,
         action_dims: int = 0,
         log_std_init: float = 0.0,
+        state_dependent: bool = False,
         normalize_obs: bool = False,
         normalize_returns: bool = False,
     ):
         """num_actions > 0: a softmax policy over them (logits); else a diagonal Gaussian over
-        `action_dims` continuous actions (gaussian.py). normalize_obs and normalize_returns
+        `action_dims` continuous actions (gaussian.py; its gSDE head with state_dependent).
+        normalize_obs and normalize_returns
         keep the running statistics of normalizer.py as buffers (obs_norm, return_norm)."""
         super().__init__()
         self.obs_norm = ObservationNormalizer(tuple(obs_shape)) if normalize_obs else None
@@ -72,7 +74,8 @@ class ActorCriticNetwork(nn.Module):
             self.logits = nn.Linear(features, num_actions)
             head, self.distribution = self.logits, Categorical
         else:
-            self.gaussian = GaussianHead(features, action_dims, log_std_init)
+            gaussian = StateDependentHead if state_dependent else GaussianHead
+            self.gaussian = gaussian(features, action_dims, log_std_init)
             head, self.distribution = self.gaussian, DiagGaussian
         self.value = nn.Linear(features, 1)
         self.num_actions = num_actions

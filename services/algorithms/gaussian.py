@@ -13,6 +13,15 @@ the bounds is not what the gradient sees, but the log-probability stays exact an
 figures compare with theirs; a tanh squash (with its log-det correction) would change the
 policy's shape near the bounds and the initial exploration that the baselines' settings assume.
 Evaluation plays the clipped mean.
+
+gSDE (generalized state-dependent exploration, Raffin et al. 2021, SB3's `use_sde`):
+StateDependentHead. The actor's noise is phi(s) . W, phi the policy torso's features and W a
+[features x dims] matrix of N(0, sigma^2) entries that the actor keeps for a few steps
+(numpy_policies.StateDependentGaussian); sigma = exp(log_std) is learned, one per entry (SB3's
+full_std). At a state, the noise is Gaussian with variance sum_i phi_i^2 sigma_ij^2: the head
+outputs that state's log-std beside the mean, so that DiagGaussian reads it as it reads the
+plain head's, and the learner needs no W. The features enter the variance detached (SB3's
+learn_features=False): only sigma and the torso's policy gradient through the mean move them.
 """
 
 import math
@@ -21,6 +30,7 @@ import torch
 from torch import nn
 
 LOG_2PI = math.log(2 * math.pi)
+SDE_EPSILON = 1e-6  # added to a gSDE variance (SB3's), keeping its log finite
 
 
 class GaussianHead(nn.Module):
@@ -35,6 +45,22 @@ class GaussianHead(nn.Module):
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         mean = self.mean(features).float()
         return torch.cat([mean, self.log_std.expand_as(mean)], -1)
+
+
+class StateDependentHead(nn.Module):
+    """mean as GaussianHead's; log_std [features, dims], sigma's log, `log_std_init` at first
+    (SB3's PPO: 0). Output: the mean and log sqrt(phi^2 . sigma^2 + 1e-6) (SB3's epsilon)."""
+
+    def __init__(self, features: int, dims: int, log_std_init: float = 0.0):
+        super().__init__()
+        self.mean = nn.Linear(features, dims)
+        self.log_std = nn.Parameter(torch.full((features, dims), float(log_std_init)))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        mean = self.mean(features).float()
+        phi = features.detach().float()
+        variance = phi.pow(2) @ torch.exp(2 * self.log_std) + SDE_EPSILON
+        return torch.cat([mean, 0.5 * torch.log(variance)], -1)
 
 
 def split(out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

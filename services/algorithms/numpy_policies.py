@@ -17,6 +17,7 @@ from apexrl.algorithms.base import Policy
 from apexrl.algorithms.exploration import epsilon_greedy
 
 Arrays = Mapping[str, np.ndarray]
+SDE_EPSILON = 1e-6  # gaussian.py's
 
 
 def relu(x: np.ndarray) -> np.ndarray:
@@ -97,7 +98,29 @@ class MLPQPolicy(NumpyPolicy):
         return np.abs(target - q).astype(np.float32)
 
 
-class Softmax:
+class ActionHead:
+    """How a policy's output becomes actions; a head that keeps noise across steps (gSDE)
+    hears of the actor's episode starts and kept envs as the policy does (base.Policy)."""
+
+    names: tuple[str, ...] = ()
+
+    def output(self, arrays: Arrays, features: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def sample(self, out: np.ndarray, rng: np.random.Generator):
+        raise NotImplementedError
+
+    def mode(self, out: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def episode_starts(self, starts: np.ndarray) -> None:
+        """Stateless: nothing."""
+
+    def keep_envs(self, envs: np.ndarray) -> None:
+        """Stateless: nothing."""
+
+
+class Softmax(ActionHead):
     """How a softmax policy's logits [B, A] become actions: sampled, or the most likely."""
 
     names = ("logits.weight", "logits.bias")
@@ -113,7 +136,13 @@ class Softmax:
         return logits.argmax(1)
 
 
-class ClippedGaussian:
+def gaussian_log_probs(noise: np.ndarray, log_std: np.ndarray) -> np.ndarray:
+    """log N(mean + noise; mean, exp(log_std)) summed over the dimensions, float32 [B]."""
+    z = noise * np.exp(-log_std)
+    return (-0.5 * z**2 - log_std - 0.5 * np.log(2 * np.pi)).sum(1).astype(np.float32)
+
+
+class ClippedGaussian(ActionHead):
     """How a diagonal Gaussian's output [B, 2 * dims] (mean, log-std: gaussian.py) becomes
     actions: a sample clipped to [low, high] for the env, its unclipped value
     ("sampled_actions") and log-probability recorded for the learner; evaluation plays the
@@ -123,25 +152,72 @@ class ClippedGaussian:
 
     def __init__(self, low: np.ndarray, high: np.ndarray):
         self.low, self.high = np.asarray(low, np.float32), np.asarray(high, np.float32)
+        self.dims = self.low.size
 
     def output(self, arrays: Arrays, features: np.ndarray) -> np.ndarray:
         mean = linear(arrays, "gaussian.mean", features)
         return np.concatenate([mean, np.broadcast_to(arrays["gaussian.log_std"], mean.shape)], 1)
 
     def sample(self, out: np.ndarray, rng: np.random.Generator):
-        dims = out.shape[1] // 2
-        mean, log_std = out[:, :dims], out[:, dims:]
-        noise = rng.standard_normal(mean.shape).astype(np.float32)
-        samples = (mean + np.exp(log_std) * noise).astype(np.float32)
-        log_probs = (-0.5 * noise**2 - log_std - 0.5 * np.log(2 * np.pi)).sum(1)
-        extras = {"log_probs": log_probs.astype(np.float32), "sampled_actions": samples}
+        mean, log_std = out[:, : self.dims], out[:, self.dims : 2 * self.dims]
+        noise = (np.exp(log_std) * rng.standard_normal(mean.shape)).astype(np.float32)
+        return self.clipped(mean, noise, log_std)
+
+    def clipped(self, mean: np.ndarray, noise: np.ndarray, log_std: np.ndarray):
+        """The env's actions and the adder's extras of the sample mean + noise."""
+        samples = (mean + noise).astype(np.float32)
+        extras = {"log_probs": gaussian_log_probs(noise, log_std), "sampled_actions": samples}
         return np.clip(samples, self.low, self.high), extras
 
     def mode(self, out: np.ndarray) -> np.ndarray:
-        return np.clip(out[:, : out.shape[1] // 2], self.low, self.high).astype(np.float32)
+        return np.clip(out[:, : self.dims], self.low, self.high).astype(np.float32)
 
 
-ActionHead = Softmax | ClippedGaussian
+class StateDependentGaussian(ClippedGaussian):
+    """gSDE (gaussian.StateDependentHead): the noise is phi(s) . W_e, W_e = sigma * Z_e with
+    Z_e [features, dims] standard normal per env e, drawn again every `sample_freq` steps of
+    that env and at its episode's start (SB3 draws all envs' at once every sde_sample_freq
+    steps and at each rollout's start). W is made of the sigma of the arrays the noise is
+    applied with, so the recorded log-probability, at the state's std sqrt(phi^2 . sigma^2),
+    is always the sample's. Output [B, 2 * dims + features]: mean, log-std, phi."""
+
+    def __init__(self, low: np.ndarray, high: np.ndarray, sample_freq: int):
+        super().__init__(low, high)
+        self.sample_freq = sample_freq
+        self.sigma = np.ones((0, self.dims), np.float32)
+        self.z = np.zeros((0, 0, self.dims), np.float32)  # per env [B, features, dims]
+        self.age = np.zeros(0, np.int64)  # steps each env's Z has acted; sample_freq: due
+
+    def output(self, arrays: Arrays, features: np.ndarray) -> np.ndarray:
+        self.sigma = np.exp(arrays["gaussian.log_std"])
+        mean = linear(arrays, "gaussian.mean", features)
+        log_std = 0.5 * np.log((features**2) @ self.sigma**2 + SDE_EPSILON)
+        return np.concatenate([mean, log_std, features], 1).astype(np.float32)
+
+    def sample(self, out: np.ndarray, rng: np.random.Generator):
+        mean, log_std = out[:, : self.dims], out[:, self.dims : 2 * self.dims]
+        phi = out[:, 2 * self.dims :]
+        if self.z.shape[:2] != phi.shape:
+            self.episode_starts(np.ones(len(phi), bool))
+            self.z = np.zeros((*phi.shape, self.dims), np.float32)
+        due = self.age >= self.sample_freq
+        self.z[due] = rng.standard_normal((int(due.sum()), *self.z.shape[1:]))
+        self.age[due] = 0
+        self.age += 1
+        noise = np.einsum("bf,bfd->bd", phi, self.z * self.sigma).astype(np.float32)
+        return self.clipped(mean, noise, log_std)
+
+    def episode_starts(self, starts: np.ndarray) -> None:
+        if len(starts) != len(self.age):
+            self.age = np.zeros(len(starts), np.int64)
+            self.z = np.zeros((0, 0, self.dims), np.float32)
+        self.age[starts] = self.sample_freq
+
+    def keep_envs(self, envs: np.ndarray) -> None:
+        self.age = self.age[envs]
+        if len(self.z):
+            self.z = self.z[envs]
+
 
 OBS_NORM = ("obs_norm.mean", "obs_norm.var", "obs_norm.count")
 RETURN_NORM = ("return_norm.mean", "return_norm.var", "return_norm.count")
@@ -189,6 +265,12 @@ class MLPActorCriticPolicy(NumpyPolicy):
 
     def step(self, obs, exploration, rng):
         return self.actions.sample(self.head(obs), rng)
+
+    def episode_starts(self, starts: np.ndarray) -> None:
+        self.actions.episode_starts(starts)
+
+    def keep_envs(self, envs: np.ndarray) -> None:
+        self.actions.keep_envs(envs)
 
     def values(self, obs: np.ndarray) -> np.ndarray:
         """V(obs) [B] in the env's reward units (an actor bootstraps a truncated episode's last

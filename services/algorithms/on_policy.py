@@ -112,8 +112,7 @@ class OnPolicyBuilder(Builder):
     def pendulum(cls, learner: dict) -> dict:
         """Pendulum-v1's presets, rl-baselines3-zoo's ppo settings for it where they apply: 4
         envs (2 actors x 2) x 1024 steps a batch, gamma 0.9, Adam at 1e-3, gradient norm 0.5
-        (SB3's default), no entropy bonus, a plain Gaussian (the zoo's use_sde, state-dependent
-        exploration, is not built here)."""
+        (SB3's default), no entropy bonus; the zoo's use_sde (gSDE) is ppo's own preset."""
         presets = cls.small_machine(PENDULUM, {"batch_size": 4, "learning_rate": 1e-3})
         presets["learner"] |= {"max_grad_norm": 0.5, "gamma": 0.9, **learner}
         presets["actor"] = {"num_envs": 2, "gamma": 0.9}

@@ -49,7 +49,7 @@ def test_local_mode_solves_pendulum_with_a_gaussian_ppo(tmp_path):
     assert result.stdout.strip().splitlines()[-1].startswith("solved in "), result.stdout[-2000:]
     _, meta, arrays = checkpoint.load_newest(run_dir / "checkpoints", "best")
     assert meta["mean_return"] >= PENDULUM_TARGET
-    assert arrays["online/gaussian.log_std"].shape == (1,)
+    assert arrays["online/gaussian.log_std"].shape == (64, 1)  # the preset's gSDE: sigma
     _, mean = play_unseen(run_dir)
     assert mean >= 1.25 * PENDULUM_TARGET  # Pendulum's returns spread wide (test_local_mode.py)
 

@@ -188,15 +188,22 @@ def test_local_mode_refuses_a_gaussian_on_a_discrete_space_at_start_up(tmp_path)
     assert not list((tmp_path / "run").glob("logs/*"))  # no service started
 
 
-@pytest.mark.parametrize("name", ["ppo", "impala", "unreal"])
-def test_each_on_policy_algorithm_learns_from_its_actors_box_items(name):
+UNREAL = {"pc_lambda": 0.0, "sequence_length": 5, "replay_batch": 3}
+
+
+@pytest.mark.parametrize(
+    "name,extra",
+    [("ppo", {}), ("impala", {}), ("unreal", UNREAL), ("ppo", {"sde_sample_freq": 2})],
+    ids=["ppo", "impala", "unreal", "ppo-gsde"],
+)
+def test_each_on_policy_algorithm_learns_from_its_actors_box_items(name, extra):
     """The builder's own adders on Pendulum-v1 (unreal's replayed sequences and reward windows
-    too) make the batch; one update moves every part of the policy, the log-std included."""
+    too) make the batch; one update moves every part of the policy, the log-std included
+    (gSDE's: one per feature and action dimension)."""
     from apexrl.algorithms.base import Step
     from apexrl.algorithms.envs import make_vector_env
     from apexrl.config import LearnerConfig
 
-    extra = {"pc_lambda": 0.0, "sequence_length": 5, "replay_batch": 3} if name == "unreal" else {}
     settings = algorithms.get(name).Settings(
         unroll_length=5, normalize_observations=True, normalize_rewards=True, **extra
     )
@@ -236,6 +243,7 @@ def test_each_on_policy_algorithm_learns_from_its_actors_box_items(name):
     assert np.isfinite(figures["loss"]) and set(builder.metrics.figures) <= set(figures)
     for part in ("gaussian.mean.weight", "gaussian.log_std", "value.weight", "obs_norm.mean"):
         assert not np.array_equal(before[part], after[part]), part
+    assert after["gaussian.log_std"].shape == ((16, 1) if extra.get("sde_sample_freq") else (1,))
 
 
 def test_pendulum_presets_are_the_zoos_and_ppos_actors_wait_for_the_long_batches():
@@ -244,6 +252,7 @@ def test_pendulum_presets_are_the_zoos_and_ppos_actors_wait_for_the_long_batches
         presets["ppo"] | {"unroll_length": 1024, "epochs": 10, "minibatches": 64} == presets["ppo"]
     )
     assert presets["learner"]["gamma"] == presets["actor"]["gamma"] == 0.9
+    assert presets["ppo"]["sde_sample_freq"] == 4  # the zoo's use_sde, sde_sample_freq 4
     # local mode's 2 actors: 4 envs, each unroll one env's, as the zoo's n_envs 4
     assert presets["learner"]["batch_size"] == 2 * presets["actor"]["num_envs"] == 4
     long = builder(unroll_length=1024).parameter_sync

@@ -38,6 +38,12 @@ class Settings(OnPolicySettings):
         " stops its epochs at a minibatch past 4x it",
     )
     kl_coef: float = option(0.5, "the KL penalty's first coefficient (kept within [1e-4, 10])")
+    sde_sample_freq: int = option(
+        0,
+        "gSDE on Box actions (SB3's use_sde): the Gaussian's noise is the policy features times a"
+        " learned-scale random matrix, drawn again every this many steps of an env and at each"
+        " episode's start (0: off, a plain Gaussian; vector observations only)",
+    )
 
 
 class PPOBuilder(OnPolicyBuilder):
@@ -71,7 +77,8 @@ class PPOBuilder(OnPolicyBuilder):
         not copied. The evaluator, at nice 10, plays on the CPU that the learner and the actors
         leave idle while they take turns. Pendulum-v1: the zoo's ppo settings for it
         (OnPolicyBuilder.pendulum: 10 epochs of 64 minibatches over 4 x 1024 steps, GAE lambda
-        0.95). docs/benchmarks.md has the figures."""
+        0.95, gSDE drawn every 4 steps). docs/benchmarks.md and docs/algorithms.md (gSDE) have
+        the figures."""
         if env_id == PENDULUM:
             presets = cls.pendulum({})
             presets["ppo"] = {
@@ -80,6 +87,7 @@ class PPOBuilder(OnPolicyBuilder):
                 "minibatches": 64,
                 "gae_lambda": 0.95,
                 "entropy_cost": 0.0,
+                "sde_sample_freq": 4,
             }
             return presets
         presets = cls.small_machine(env_id, {"max_grad_norm": 0.5})
@@ -99,6 +107,35 @@ class PPOBuilder(OnPolicyBuilder):
             raise ValueError(f"kl_target: must be >= 0 (0: no KL penalty), got {s.kl_target}")
         if s.kl_target > 0 and not KL_COEF_RANGE[0] <= s.kl_coef <= KL_COEF_RANGE[1]:
             raise ValueError(f"kl_coef: must be in {list(KL_COEF_RANGE)}, got {s.kl_coef}")
+        self.check_sde()
+
+    def check_sde(self) -> None:
+        """gSDE needs a Gaussian policy acting in numpy (vector observations)."""
+        freq, spec = self.settings.sde_sample_freq, self.spec
+        if freq < 0:
+            raise ValueError(f"sde_sample_freq: must be >= 0 (0: off), got {freq}")
+        if freq > 0 and spec.discrete:
+            raise ValueError(
+                f"sde_sample_freq: gSDE explores Box actions; {spec.env_id} has a Discrete action"
+                " space (leave it at 0)"
+            )
+        if freq > 0 and not spec.vector_obs:
+            raise ValueError(
+                f"sde_sample_freq: gSDE acts on vector observations; {spec.env_id} has"
+                f" {spec.obs_shape} (leave it at 0)"
+            )
+
+    def network_options(self) -> dict:
+        return super().network_options() | {"state_dependent": self.settings.sde_sample_freq > 0}
+
+    def action_head(self):
+        """The plain Gaussian's, or gSDE's (numpy_policies.StateDependentGaussian)."""
+        freq, spec = self.settings.sde_sample_freq, self.spec
+        if freq == 0:
+            return super().action_head()
+        from apexrl.algorithms.numpy_policies import StateDependentGaussian
+
+        return StateDependentGaussian(spec.action_low, spec.action_high, freq)
 
     def dataset(self):
         from apexrl.algorithms.datasets import FreshQueue
