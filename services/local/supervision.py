@@ -94,12 +94,12 @@ class Run:
 
     def start_all(self, wait: bool = True) -> None:
         """Starts the replay, the learner and the actors at once (imports dominate start-up),
-        then waits until all serve (wait=False: the caller calls wait_ready). The evaluator comes next (start_evaluator), once the
-        learner serves: on two cores its imports would otherwise compete with the learner's
-        (torch) on the way to the first version, which it needs to play anything; and it is
-        there for the first versions, which it plays in order where the algorithm asks for
-        every version to be played (a solving version comes within the first seconds of
-        impala on CartPole).
+        then waits until all serve (wait=False: the caller calls wait_ready). The evaluator
+        comes next (start_evaluator), once the learner serves: on two cores its imports would
+        otherwise compete with the learner's (torch) on the way to the first version, which it
+        needs to play anything; and it is there for the first versions, which it plays in
+        order where the algorithm asks for every version to be played (a solving version comes
+        within the first seconds of impala on CartPole).
 
         The gRPC ports are picked here, not by the children (port 0), so that no child has to
         wait for another's ready file before it can be told where its peers are.
