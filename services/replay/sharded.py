@@ -179,10 +179,20 @@ class ShardedReplayClient:
         self, batch_size: int, beta: float = 0.4, max_batches: int = 0
     ) -> Iterator[SampledBatch]:
         """Batches one after another (each split over the shards afresh); max_batches = 0:
-        until the caller stops iterating."""
+        until the caller stops iterating. A Sample a shard's rate limiter holds past the
+        deadline (a shard below min_size_to_sample) is asked again, as one replay's stream is
+        reopened at its deadline: the learner waits for data instead of failing."""
         sent = 0
         while max_batches == 0 or sent < max_batches:
-            yield self.sample(batch_size, beta)
+            try:
+                batch = self.sample(batch_size, beta)
+            except grpc.RpcError as err:
+                if self.stop.is_set():
+                    return
+                if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise
+                continue
+            yield batch
             sent += 1
 
     def update_priorities(

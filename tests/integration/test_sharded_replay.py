@@ -1,6 +1,8 @@
 """Replay shards over real gRPC (in-process servers on port 0): keys that name their shard, global
 proportional sampling and weights, shards going down and coming back, and bad shard sets."""
 
+import threading
+
 import grpc
 import numpy as np
 import pytest
@@ -316,3 +318,23 @@ def test_an_insert_a_shards_rate_limiter_holds_moves_to_another_shard(replay_fac
         acks = [client.insert(transitions(4)) for _ in range(4)]
     assert set(keyspace.shard_of(np.array([a.first_key for a in acks]))) == {1}
     assert (full.table.size, free.table.size) == (20, 16)
+
+
+def test_a_stream_waits_past_the_deadline_for_a_shard_below_its_minimum(replay_factory):
+    """A learner's stream over shards still filling: each Sample the rate limiter holds past
+    the client's deadline is asked again, and the stream yields once the shards fill."""
+    servers = shards(replay_factory, 2, min_size_to_sample=10)
+    with sharded(servers, timeout=0.3) as client:
+        stream = client.sample_stream(4, max_batches=1)
+        with servers[0].client() as writer:
+            writer.insert(transitions(5))  # under the minimum: samples wait
+            with pytest.raises(grpc.RpcError) as held:
+                client.sample(4)
+            assert held.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            timer = threading.Timer(1.0, lambda: [writer.insert(transitions(10)) for _ in "ab"])
+            timer.start()
+            try:
+                batches = list(stream)
+            finally:
+                timer.join()
+    assert len(batches) == 1 and len(batches[0].keys) == 4
