@@ -19,7 +19,6 @@ names the file and the field that does not fit.
 """
 
 import json
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import numpy as np
 
 from apexrl.algorithms.base import Policy
 from apexrl.algorithms.envs import EnvOptions, EnvSpec, make_env
+from apexrl.common import folders
 
 FORMAT = 1
 INDEX = "index.json"
@@ -116,16 +116,9 @@ def save(folder: str | Path, spec: EnvSpec, episodes: list[Episode]) -> list[Pat
 def prepare(folder: str) -> Path:
     """The folder demonstrations go to, created; ValueError naming the setting for one that
     cannot be written or already holds demonstrations (an index.json)."""
-    path = Path(folder)
-    if (path / INDEX).exists():
+    if (Path(folder) / INDEX).exists():
         raise ValueError(f"record: {folder} already holds demonstrations ({INDEX})")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):  # root passes os.access on a read-only mount
-            pass
-    except OSError as err:
-        raise ValueError(f"record: cannot write to {folder} ({err.strerror or err})") from err
-    return path
+    return folders.writable(folder, "record")
 
 
 def load_episode(path: str | Path, spec: EnvSpec) -> Episode:

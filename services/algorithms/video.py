@@ -15,7 +15,6 @@ never recorded side by side.
 
 import logging
 import os
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from gymnasium.wrappers import RecordVideo
 
 from apexrl.algorithms.base import Policy
 from apexrl.algorithms.envs import EnvOptions, is_atari, make_env
+from apexrl.common import folders
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +75,7 @@ def prepare(env_id: str, options: EnvOptions, folder: str) -> Path:
             f"video: recording needs moviepy and imageio-ffmpeg ({err.name} is missing:"
             " pip install apexrl[video])"
         ) from err
-    path = Path(folder)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):  # root passes os.access on a read-only mount
-            pass
-    except OSError as err:
-        raise ValueError(f"video: cannot write to {folder} ({err.strerror or err})") from err
-    return path
+    return folders.writable(folder, "video")
 
 
 def file_name(env_id: str, version: int, seed: int, episode_return: float) -> str:

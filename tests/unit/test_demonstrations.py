@@ -114,3 +114,11 @@ def test_the_docs_conversion_example_writes_what_the_loader_reads(tmp_path, monk
     episodes = demonstrations.load(tmp_path / "my-demos", env_spec(ENV))
     assert len(episodes) == 1 and episodes[0].seed == 7
     assert episodes[0].total == len(episodes[0].actions)  # CartPole: 1 a step
+
+
+def test_a_folder_that_cannot_be_written_is_refused_naming_record(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ValueError) as refused:
+        demonstrations.prepare(str(blocker / "demos"))
+    assert str(refused.value) == f"record: cannot write to {blocker}/demos (Not a directory)"
