@@ -30,8 +30,10 @@ from apexrl.common import folders
 
 FORMAT = 1
 INDEX = "index.json"
-FIELDS = ("observations", "actions", "rewards", "terminated", "truncated", "env_id", "obs_shape",
-          "obs_dtype", "action_space", "seed", "format")  # fmt: skip
+# An episode file's arrays: the steps, then what they were played on.
+STEPS = ("observations", "actions", "rewards", "terminated", "truncated")
+DESCRIPTION = ("env_id", "obs_shape", "obs_dtype", "action_space", "seed", "format")
+FIELDS = STEPS + DESCRIPTION
 
 
 @dataclass
@@ -105,8 +107,9 @@ def save(folder: str | Path, spec: EnvSpec, episodes: list[Episode]) -> list[Pat
             seed=np.array(episode.seed, np.int64),
             format=np.array(FORMAT, np.int64),
         )
-        entries.append({"file": path.name, "steps": len(episode.rewards),
-                        "return": episode.total, "seed": episode.seed})  # fmt: skip
+        steps = len(episode.rewards)
+        entry = {"file": path.name, "steps": steps, "return": episode.total, "seed": episode.seed}
+        entries.append(entry)
         paths.append(path)
     index = {"format": FORMAT, "env_id": spec.env_id, "episodes": entries}
     (folder / INDEX).write_text(json.dumps(index, indent=1) + "\n")
