@@ -4,9 +4,7 @@ learning_curve.png, the best model's line)."""
 import logging
 import math
 import os
-import signal
 import sys
-import threading
 import time
 import tomllib
 from pathlib import Path
@@ -16,7 +14,7 @@ from apexrl.algorithms.envs import default_target
 from apexrl.common.tensorboard import Scalars
 from apexrl.local.monitoring import monitor
 from apexrl.local.settings import parse
-from apexrl.local.supervision import Run
+from apexrl.local.supervision import Run, stop_on_signals
 
 
 def main(argv: list[str]) -> int:
@@ -48,15 +46,7 @@ def main(argv: list[str]) -> int:
         print(f"apexrl local: error: {err}", file=sys.stderr)
         return 2
 
-    stop = threading.Event()
-    interrupted: list[int] = []
-
-    def interrupt(signum: int, _frame) -> None:
-        interrupted.append(signum)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, interrupt)
+    stop, interrupted = stop_on_signals()
 
     rows: list[dict] = []
     outcome, code = "", 1

@@ -7,6 +7,7 @@ import logging
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -166,3 +167,18 @@ class Run:
 
     def dead_child(self) -> Child | None:
         return next((c for c in self.children if c.process.poll() is not None), None)
+
+
+def stop_on_signals() -> tuple[threading.Event, list[int]]:
+    """An event SIGTERM and SIGINT set, and the list of the signals received (local mode and
+    pbt exit 0 on SIGTERM, 130 on SIGINT)."""
+    stop = threading.Event()
+    received: list[int] = []
+
+    def interrupt(signum: int, _frame) -> None:
+        received.append(signum)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, interrupt)
+    return stop, received

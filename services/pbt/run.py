@@ -24,7 +24,7 @@ from apexrl.config import env_name
 from apexrl.learner.checkpoint import KIND as LEARNER
 from apexrl.local.run import best_model
 from apexrl.local.settings import parse_as
-from apexrl.local.supervision import Run
+from apexrl.local.supervision import Run, stop_on_signals
 from apexrl.pbt import controller
 from apexrl.pbt import settings as pbt_settings
 from apexrl.pbt.members import Member, copy_state
@@ -189,15 +189,7 @@ def main(argv: list[str]) -> int:
     except ValueError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-    signals: list[int] = []
-
-    def interrupt(signum: int, _frame) -> None:
-        signals.append(signum)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, interrupt)
+    stop, signals = stop_on_signals()
     started = time.monotonic()
     outcome, code = "", 1
     try:
