@@ -10,12 +10,12 @@ the replay from the builders' tables without it.
 
 from __future__ import annotations
 
-import importlib
 import sys
 from typing import TYPE_CHECKING
 
 from apexrl.algorithms.envs import EnvOptions, env_spec
 from apexrl.config import Algorithms
+from apexrl.config_parsing import import_callable
 
 if TYPE_CHECKING:
     from apexrl.algorithms.base import Builder
@@ -44,11 +44,7 @@ def get(name: str) -> type[Builder]:
         raise ValueError(
             f"algorithm: {name!r}, expected one of {sorted(ALGORITHMS)} or 'module:Builder'"
         )
-    module, attribute = path.split(":")
-    try:
-        return getattr(importlib.import_module(module), attribute)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"algorithm: {name!r} cannot be imported ({err})") from err
+    return import_callable(path, "algorithm")
 
 
 def settings(name: str) -> tuple[str, type]:

@@ -72,3 +72,18 @@ def test_the_algorithm_help_names_every_algorithm(command: str):
 
 def test_the_check_finds_a_missing_name():
     assert unnamed(["dqn", "r2d2", "ppo"], "dqn or dqn2 (r2d2's cousin)") == ["ppo"]
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("apexrl_no_such_module:Builder", "algorithm: 'apexrl_no_such_module:Builder' cannot be"),
+        ("apexrl.algorithms:NoSuchBuilder", "algorithm: 'apexrl.algorithms:NoSuchBuilder' cannot"),
+        ("apexrl.algorithms:ALGORITHMS", "algorithm: 'apexrl.algorithms:ALGORITHMS' is a dict"),
+        ("no_such_name", "algorithm: 'no_such_name', expected one of"),
+    ],
+)
+def test_an_algorithm_that_cannot_be_imported_is_refused_naming_the_setting(name, message):
+    with pytest.raises(ValueError) as refused:
+        algorithms.get(name)
+    assert str(refused.value).startswith(message), refused.value
