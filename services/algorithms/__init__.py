@@ -44,7 +44,12 @@ def get(name: str) -> type[Builder]:
         raise ValueError(
             f"algorithm: {name!r}, expected one of {sorted(ALGORITHMS)} or 'module:Builder'"
         )
-    return import_callable(path, "algorithm")
+    from apexrl.algorithms.base import Builder
+
+    found = import_callable(path, "algorithm")
+    if not (isinstance(found, type) and issubclass(found, Builder)):
+        raise ValueError(f"algorithm: {name!r} is not a Builder subclass")
+    return found
 
 
 def settings(name: str) -> tuple[str, type]:

@@ -81,6 +81,7 @@ def test_the_check_finds_a_missing_name():
         ("apexrl.algorithms:NoSuchBuilder", "algorithm: 'apexrl.algorithms:NoSuchBuilder' cannot"),
         ("apexrl.algorithms:ALGORITHMS", "algorithm: 'apexrl.algorithms:ALGORITHMS' is a dict"),
         ("no_such_name", "algorithm: 'no_such_name', expected one of"),
+        ("apexrl.algorithms:get", "algorithm: 'apexrl.algorithms:get' is not a Builder subclass"),
     ],
 )
 def test_an_algorithm_that_cannot_be_imported_is_refused_naming_the_setting(name, message):
