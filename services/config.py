@@ -456,6 +456,12 @@ class EvaluatorConfig(AgentConfig, ClientTLSConfig, ProcessConfig):
         "lower this process's CPU priority by this much (0-19, os.nice): on cores shared with"
         " training, evaluation then takes only the CPU that training leaves idle",
     )
+    cpu_share: float = option(
+        0.0,
+        "the most CPU this process takes, in cores: after a round of c CPU-seconds it waits"
+        " until c / cpu_share seconds have passed since the round began (0: no bound, interval"
+        " only); a candidate best still plays its confirmation round at once",
+    )
     threads: int = option(1, "torch CPU threads (where the policy acts with torch: not an MLP's)")
     tensorboard: str = option(
         "",

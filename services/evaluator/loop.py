@@ -10,6 +10,10 @@ A version whose evaluation beats the best score so far plays a second, longer ro
 seeds (confirm_episodes); scored by the mean over both rounds, it is sent with its parameters
 to the learner, which keeps the best one as a checkpoint (learner/best.py). Every episode
 runs on a seed of its own, counting up from the evaluator's seed.
+
+With a cpu_share it watches cheaply: a round that took c CPU-seconds is followed by a pause
+until c / cpu_share seconds have passed, so on cores shared with training it plays fewer
+rounds, never shorter ones.
 """
 
 import logging
@@ -64,6 +68,11 @@ class EvaluatorMetrics:
         self.behind = metric(
             G, "versions_behind", "Versions the learner had published after the one last played."
         )
+        self.held_back = metric(
+            C,
+            "held_back_seconds",
+            "Seconds waited beyond the interval to keep the evaluator within its cpu_share.",
+        )
 
 
 def run(
@@ -77,6 +86,8 @@ def run(
         raise ValueError(f"window: must be >= 0 (0: the newest version only), got {config.window}")
     if not 0 <= config.nice <= 19:
         raise ValueError(f"nice: must be 0 to 19, got {config.nice}")
+    if not 0 <= config.cpu_share < math.inf:  # NaN fails too
+        raise ValueError(f"cpu_share: must be >= 0 cores (0: no bound), got {config.cpu_share}")
     os.nice(config.nice)
     m = metrics or EvaluatorMetrics(registry)
     builder = algorithms.make(config)
@@ -95,7 +106,7 @@ def run(
 
     try:
         while not stop.is_set():
-            started = time.monotonic()
+            started, cpu_started = time.monotonic(), time.process_time()
             try:
                 params = learner.get_parameters(
                     max(version, newest - config.window) if config.window else version,
@@ -139,11 +150,25 @@ def run(
                 recorded = videos.new_best(version, round_seed)
                 if recorded is not None:
                     log.info("video of version %d: %s", version, recorded)
-            stop.wait(max(0.0, config.interval - (time.monotonic() - started)))
+            wall, cpu = time.monotonic() - started, time.process_time() - cpu_started
+            pause = pause_seconds(config, wall, cpu)
+            m.held_back.inc(max(0.0, pause - max(0.0, config.interval - wall)))
+            stop.wait(pause)
     except Stopped:  # SIGTERM during a round: its episodes are abandoned, nothing reported
         pass
     finally:
         learner.close()
+
+
+def pause_seconds(config: EvaluatorConfig, wall: float, cpu: float) -> float:
+    """Seconds to wait after a round that took `wall` seconds and `cpu` CPU-seconds of this
+    process: the rest of the interval, or longer where the round used more than cpu_share of a
+    core. Round and pause then average at most cpu_share: fewer rounds, each as long as before,
+    so what counts as solved does not change."""
+    pause = config.interval - wall
+    if config.cpu_share > 0:
+        pause = max(pause, cpu / config.cpu_share - wall)
+    return max(0.0, pause)
 
 
 class Games:

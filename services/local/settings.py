@@ -25,11 +25,18 @@ SERVICE_DEFAULTS: dict[str, dict[str, Any]] = {
     "actor": {},
     "evaluator": {},
 }
-# On top of those for Atari (ALE/... ids), whatever the algorithm: 4 envs an actor and short
-# evaluations (a Pong episode is 800+ agent steps).
+# On top of those for Atari (ALE/... ids), whatever the algorithm: 4 envs an actor, short
+# evaluations (a Pong episode is 800+ agent steps), and the evaluator held to a tenth of a core
+# (of the two a small machine has), so that the learner gets the CPU.
 ATARI_DEFAULTS: dict[str, dict[str, Any]] = {
     "actor": {"num_envs": 4},
-    "evaluator": {"episodes": 2, "confirm_episodes": 4, "interval": 30.0, "window": 0},
+    "evaluator": {
+        "episodes": 2,
+        "confirm_episodes": 4,
+        "interval": 30.0,
+        "window": 0,
+        "cpu_share": 0.1,
+    },
 }
 
 # A table's settings: local mode takes the tables from the algorithm's builder.

@@ -1,7 +1,9 @@
 """The evaluator (in a thread) against a real learner server over loopback: which versions it
 plays, in order or not, and what it counts as skipped."""
 
+import math
 import threading
+import time
 
 import grpc
 import numpy as np
@@ -72,7 +74,10 @@ def test_a_window_plays_each_version_in_order_while_the_learner_keeps_it(
     assert len(played) + registry.get_sample_value("apexrl_evaluation_versions_skipped_total") == 30
 
 
-@pytest.mark.parametrize(("name", "bad"), [("window", -1), ("nice", -1), ("nice", 20)])
+@pytest.mark.parametrize(
+    ("name", "bad"),
+    [("window", -1), ("nice", -1), ("nice", 20), ("cpu_share", -0.1), ("cpu_share", math.nan)],
+)
 def test_bad_settings_are_refused_naming_them(name, bad):
     settings = EvaluatorConfig(algorithm="ppo", env=ENV, learner="127.0.0.1:1", **{name: bad})
     with pytest.raises(ValueError, match=name):
@@ -96,3 +101,67 @@ def test_a_long_poll_is_cancelled_when_the_process_stops(tmp_path):
                 client.get_parameters(version, have_lineage=store.lineage, wait_seconds=30.0)
         finally:
             client.close()
+
+
+def busy(seconds: float) -> None:
+    """Uses `seconds` of this thread's CPU."""
+    until = time.thread_time() + seconds
+    while time.thread_time() < until:
+        pass
+
+
+@pytest.mark.parametrize("cpu_share", [0.0, 0.25])
+def test_a_cpu_share_spaces_the_rounds_by_their_cpu_time(tmp_path, monkeypatch, cpu_share):
+    """Rounds that each burn 0.1 CPU-seconds, a new version always waiting: with no bound they
+    follow one another at once; held to a quarter of a core, each next round starts at least
+    0.1 / 0.25 = 0.4 s after the last one began, and the wait is counted."""
+    config = LearnerConfig(algorithm="ppo", env=ENV, checkpoint_dir=str(tmp_path / "ckpt"))
+    arrays = state_to_numpy(algorithms.make(config).network())
+    store = ParameterStore(history_bytes=0)
+    store.publish(arrays, update_step=0)
+    starts: list[float] = []
+
+    def burning(self, episodes):
+        starts.append(time.monotonic())
+        store.publish(arrays, update_step=len(starts))  # the next round finds a new version
+        busy(0.1)
+        self.next_seed += episodes
+        return np.zeros(episodes)
+
+    monkeypatch.setattr(evaluator.Games, "__call__", burning)
+    with serve_learner(tmp_path, store, arrays, config) as (address, _):
+        settings = EvaluatorConfig(
+            algorithm="ppo", env=ENV, learner=address, episodes=2, confirm_episodes=0,
+            interval=0.0, cpu_share=cpu_share,
+        )  # fmt: skip
+        registry, stop = prometheus_client.CollectorRegistry(), threading.Event()
+        metrics = evaluator.EvaluatorMetrics(registry)
+        thread = threading.Thread(target=evaluator.run, args=(settings, registry, stop, metrics))
+        thread.start()
+        try:
+            wait_for(lambda: len(starts) >= 5, 30, "5 rounds")
+        finally:
+            stop.set()
+            thread.join(10)
+    gaps = np.diff(starts[:5])
+    held = registry.get_sample_value("apexrl_evaluation_held_back_seconds_total")
+    if cpu_share:
+        assert gaps.min() >= 0.1 / cpu_share * 0.95, gaps
+        assert held >= 4 * (0.4 - 0.1) * 0.9, held
+    else:
+        assert gaps.max() < 0.3, gaps
+        assert held == 0
+
+
+@pytest.mark.parametrize(
+    ("interval", "cpu_share", "wall", "cpu", "pause"),
+    [
+        (1.0, 0.0, 0.25, 0.2, 0.75),  # the interval's rest
+        (1.0, 0.1, 0.25, 0.2, 1.75),  # 0.2 CPU-seconds at 0.1 of a core: 2 s from the start
+        (5.0, 0.1, 0.25, 0.2, 4.75),  # the interval is the longer wait
+        (0.0, 0.5, 3.0, 1.0, 0.0),  # a round slower than its share needs no pause
+    ],
+)
+def test_the_pause_after_a_round(interval, cpu_share, wall, cpu, pause):
+    settings = EvaluatorConfig(env=ENV, interval=interval, cpu_share=cpu_share)
+    assert evaluator.pause_seconds(settings, wall, cpu) == pytest.approx(pause)
