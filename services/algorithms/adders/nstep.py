@@ -20,7 +20,15 @@ are the ones `apexrl.algorithms.base.nstep_columns` declares; actions keep the
 dtype and shape they come in (int64 indices, or float32 vectors). Windows are kept in a
 ring of n slots per env, indexed by start step mod n; the full window that
 must be emitted is always the one whose slot the next step reuses.
+
+Where the policy's step gives the Q-value of each action it took (extras "acting_q" [num_envs]:
+dqn's), each transition carries the one of its first step as "acting_q", which only the
+initial priorities read (`acting_fields`: replay does not store it), so that the actor need
+not run its network over the transition's obs again (Ape-X's actors compute priorities from
+the values they acted on).
 """
+
+from typing import ClassVar
 
 import numpy as np
 
@@ -29,6 +37,8 @@ from apexrl.algorithms.base import Adder, Step
 
 class NStepAdder(Adder):
     """Turns per-step vector-env data into n-step transition columns."""
+
+    acting_fields: ClassVar[tuple[str, ...]] = ("acting_q",)
 
     def __init__(self, num_envs: int, n: int, gamma: float, table: str = "default"):
         self.table = table
@@ -49,10 +59,17 @@ class NStepAdder(Adder):
         self._return = np.zeros((num_envs, n), dtype=np.float64)
         self._length = np.zeros((num_envs, n), dtype=np.int64)
         self._active = np.zeros((num_envs, n), dtype=bool)
+        self._acting_q = np.zeros((num_envs, n), dtype=np.float32)
 
     def add(self, step: Step) -> dict[str, np.ndarray] | None:
         return self.record(
-            step.obs, step.actions, step.rewards, step.ends, step.truncated, step.final_obs
+            step.obs,
+            step.actions,
+            step.rewards,
+            step.ends,
+            step.truncated,
+            step.final_obs,
+            step.extras.get("acting_q"),
         )
 
     def record(
@@ -63,13 +80,15 @@ class NStepAdder(Adder):
         terminated: np.ndarray,
         truncated: np.ndarray,
         next_obs_or_final: np.ndarray,
+        acting_q: np.ndarray | None = None,
     ) -> dict[str, np.ndarray] | None:
         """Records one vector-env step; returns the transitions it completed, or None.
 
         obs: the obs the actions were taken in; next_obs_or_final: the obs after
-        the step, or the final obs for envs whose episode ended (not the reset obs).
-        Returned columns are obs, action, reward, discount, next_obs, sorted by env
-        then start step.
+        the step, or the final obs for envs whose episode ended (not the reset obs);
+        acting_q: the Q-value of each action taken, where the policy gives it.
+        Returned columns are obs, action, reward, discount, next_obs (and acting_q), sorted
+        by env then start step.
         """
         obs = np.asarray(obs)
         next_obs = np.asarray(next_obs_or_final)
@@ -95,6 +114,8 @@ class NStepAdder(Adder):
         self._return[:, slot] = 0.0
         self._length[:, slot] = 0
         self._active[:, slot] = True
+        if acting_q is not None:
+            self._acting_q[:, slot] = acting_q
         self._step += 1
 
         # Every open window gains this step's reward, discounted by its current length.
@@ -119,6 +140,8 @@ class NStepAdder(Adder):
             "discount": (self._gamma_pow[length] * ~terminated[env_idx]).astype(np.float32),
             "next_obs": next_obs[env_idx],
         }
+        if acting_q is not None:
+            batch["acting_q"] = self._acting_q[env_idx, slot_idx]
         self._active[env_idx, slot_idx] = False
         return batch
 

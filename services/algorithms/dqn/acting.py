@@ -12,7 +12,12 @@ from apexrl.algorithms.networks import load_numpy_state
 
 class DQNPolicy(Policy):
     """Epsilon-greedy on Q; with noisy heads, an actor's step acts on a new noise sample each
-    step, while `act` (the evaluator, `apexrl eval`) uses the mean weights: no noise."""
+    step, while `act` (the evaluator, `apexrl eval`) uses the mean weights: no noise.
+
+    An actor's step also gives the Q-value of each action it took (extras "acting_q"), which
+    the n-step adder keeps with each transition; the initial priority of an expected-Q
+    network's transition then needs one pass over next_obs instead of three over obs and
+    next_obs (the loss's online(obs), online(next_obs) and target(next_obs))."""
 
     def __init__(self, net: QNetwork):
         self.net = net
@@ -28,7 +33,12 @@ class DQNPolicy(Policy):
 
     def step(self, obs, exploration, rng):
         set_noise(self.net, 1.0)
-        return self._epsilon_greedy(obs, exploration, rng), {}
+        with torch.no_grad():
+            q = self.net(torch.from_numpy(obs)).numpy()
+        actions = epsilon_greedy(q.argmax(1), exploration, self.net.num_actions, rng)
+        if self.net.support is not None:  # C51's priorities are KL losses, not TD errors
+            return actions, {}
+        return actions, {"acting_q": q[np.arange(len(q)), actions].astype(np.float32)}
 
     def _epsilon_greedy(self, obs, exploration, rng) -> np.ndarray:
         with torch.no_grad():
@@ -37,7 +47,14 @@ class DQNPolicy(Policy):
 
     def priorities(self, columns: dict[str, np.ndarray]) -> np.ndarray:
         """The learner's priority (|TD error| or the KL loss) with the actor's own network as
-        both online and target, as in Ape-X."""
+        both online and target, as in Ape-X. With the Q-values acted on ("acting_q"), the
+        same |TD error| from one pass over next_obs: double DQN's target with one network as
+        both is the max of its Q-values."""
+        if "acting_q" in columns:
+            with torch.no_grad():
+                next_q = self.net(torch.from_numpy(columns["next_obs"])).max(1).values.numpy()
+            target = columns["reward"] + columns["discount"] * next_q
+            return np.abs(target - columns["acting_q"]).astype(np.float32)
         batch = {name: torch.from_numpy(array) for name, array in columns.items()}
         with torch.no_grad():
             _, priorities, _ = self.loss(
