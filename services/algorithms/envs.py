@@ -41,6 +41,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
+from apexrl.algorithms import pixel_envs  # noqa: F401 (registers apexrl/Catch-v0)
+
 # Histogram buckets for episode returns (actor and evaluator metrics): CartPole (0..500), Atari
 # scores above. No negative bounds: prometheus_client drops a histogram's _sum when its lowest
 # bound is negative, and the dashboards' mean returns are _sum / _count; negative returns

@@ -99,3 +99,32 @@ def test_a_flag_of_another_algorithm_is_named(capsys):
     with pytest.raises(SystemExit):
         parse(["--algorithm", "dqn", "--epochs", "3"])
     assert "--epochs is a setting of algorithm ppo, not of dqn" in capsys.readouterr().err
+
+
+def test_ppo_learns_atari_with_cleanrls_ppo_atari_settings(tmp_path):
+    """CleanRL's ppo_atari as the learner and the actors read local mode's config: 8 envs x 128
+    steps a batch (2 actors x 4 envs, 8 unrolls of 128 steps), 4 epochs of 4 minibatches, clip
+    0.1, Adam at 2.5e-4 decayed linearly to 0 over 10M env steps (9,765 updates of 1,024)."""
+    from apexrl import algorithms
+    from apexrl import config as cfg
+    from apexrl.schedules import Schedule
+
+    run = Run(parse(["--algorithm", "ppo", "--env", "ALE/Breakout-v5"]), {}, tmp_path / "run")
+    argv = ["--config", str(run.config_path)]
+    learner = cfg.parse(cfg.LearnerConfig, argv, "learner", "learner", algorithms.REGISTRY)
+    actor = cfg.parse(cfg.ActorConfig, argv, "actor", "actor", algorithms.REGISTRY)
+    ppo = learner.algo
+    assert (run.config.actors, actor.num_envs, ppo.unroll_length, learner.batch_size) == (
+        2, 4, 128, 8)  # fmt: skip
+    assert (ppo.epochs, ppo.minibatches, ppo.clip_range, ppo.gae_lambda) == (4, 4, 0.1, 0.95)
+    assert (ppo.entropy_cost, ppo.value_cost, learner.max_grad_norm) == (0.01, 0.5, 0.5)
+    assert (ppo.normalize_advantages, ppo.optimizer, ppo.optimizer_eps) == (True, "adam", 1e-5)
+    assert (learner.gamma, actor.gamma) == (0.99, 0.99)
+    rate = learner.learning_rate
+    assert isinstance(rate, Schedule) and rate.shape == "linear"
+    assert [rate.value(u) for u in (0, 9765 / 2, 9765, 20_000)] == pytest.approx(
+        [2.5e-4, 1.25e-4, 0.0, 0.0]
+    )
+    # Elsewhere ppo keeps its CartPole settings.
+    cartpole = written(tmp_path, "CartPole-v1", algorithm="ppo")
+    assert (cartpole["ppo"]["epochs"], cartpole["learner"]["learning_rate"]) == (20, 2e-3)

@@ -11,11 +11,17 @@ import dataclasses
 from dataclasses import dataclass
 
 from apexrl.algorithms.base import ParameterSync
+from apexrl.algorithms.envs import is_atari
 from apexrl.algorithms.on_policy import PENDULUM, OnPolicyBuilder, OnPolicySettings
 from apexrl.algorithms.tables import TABLE
 from apexrl.config import option
+from apexrl.schedules import Schedule
 
 KL_COEF_RANGE = (1e-4, 10.0)  # the adaptive coefficient's bounds
+# CleanRL's ppo_atari: 10M env steps in batches of 8 envs x 128 steps, the learning rate decayed
+# linearly to 0 over those 9,765 batches (one update each here).
+ATARI_ENVS, ATARI_UNROLL = 8, 128
+ATARI_UPDATES = 10_000_000 // (ATARI_ENVS * ATARI_UNROLL)
 
 
 @dataclass
@@ -78,7 +84,9 @@ class PPOBuilder(OnPolicyBuilder):
         leave idle while they take turns. Pendulum-v1: the zoo's ppo settings for it
         (OnPolicyBuilder.pendulum: 10 epochs of 64 minibatches over 4 x 1024 steps, GAE lambda
         0.95, gSDE drawn every 4 steps). docs/benchmarks.md and docs/algorithms.md (gSDE) have
-        the figures."""
+        the figures. Atari: CleanRL's ppo_atari (cls.atari)."""
+        if is_atari(env_id):
+            return cls.atari(env_id)
         if env_id == PENDULUM:
             presets = cls.pendulum({})
             presets["ppo"] = {
@@ -92,6 +100,33 @@ class PPOBuilder(OnPolicyBuilder):
             return presets
         presets = cls.small_machine(env_id, {"max_grad_norm": 0.5})
         presets["ppo"] = {"epochs": 20, "minibatches": 1, "gae_lambda": 0.8, "entropy_cost": 0.0}
+        presets.setdefault("evaluator", {})["nice"] = 10
+        return presets
+
+    @classmethod
+    def atari(cls, env_id: str) -> dict:
+        """CleanRL's ppo_atari (Huang et al. 2022, "The 37 Implementation Details of PPO"): 8
+        envs x 128 steps a batch, which local mode's 2 actors x 4 envs give as 8 unrolls of 128
+        steps an update; 4 epochs of 4 minibatches, clip 0.1, GAE lambda 0.95, entropy 0.01,
+        value 0.5, gradient norm 0.5, advantages normalized per minibatch, Adam (epsilon 1e-5)
+        at 2.5e-4 decayed linearly to 0 over 10M env steps. Not copied: its clipped value loss
+        (ppo's is SB3's unclipped one) and its end of an episode at each life lost."""
+        rate = Schedule("linear", ((0.0, 2.5e-4), (float(ATARI_UPDATES), 0.0)))
+        learner = {"batch_size": ATARI_ENVS, "learning_rate": rate, "max_grad_norm": 0.5}
+        presets = cls.small_machine(env_id, learner)
+        presets["actor"] = {"num_envs": ATARI_ENVS // 2}  # each of local mode's 2 actors
+        presets["ppo"] = {
+            "unroll_length": ATARI_UNROLL,
+            "epochs": 4,
+            "minibatches": 4,
+            "clip_range": 0.1,
+            "gae_lambda": 0.95,
+            "entropy_cost": 0.01,
+            "value_cost": 0.5,
+            "normalize_advantages": True,
+            "optimizer": "adam",
+            "optimizer_eps": 1e-5,
+        }
         presets.setdefault("evaluator", {})["nice"] = 10
         return presets
 
