@@ -28,7 +28,8 @@ EPISODES = 100
 MARGIN = 0.6  # random play catches a fifth of the balls (mean -0.6): the model at least half
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "impala", "unreal", "a3c"])
+# a3c learns it too (docs/algorithms.md has its run); left out here for CI's time.
+@pytest.mark.parametrize("algorithm", ["ppo", "impala", "unreal"])
 def test_on_policy_agents_learn_catch_from_pixels(tmp_path, algorithm):
     run_dir = tmp_path / "run"
     result = subprocess.run(
