@@ -1,9 +1,11 @@
 """The evaluator (in a thread) against a real learner server over loopback: which versions it
 plays, in order or not, and what it counts as skipped."""
 
+import contextlib
 import math
 import threading
 import time
+from collections.abc import Iterator
 
 import grpc
 import numpy as np
@@ -19,6 +21,20 @@ from apexrl.evaluator import loop as evaluator
 from tests.conftest import serve_learner, wait_for
 
 ENV = "CartPole-v1"
+
+
+@contextlib.contextmanager
+def evaluating(settings: EvaluatorConfig) -> Iterator[prometheus_client.CollectorRegistry]:
+    """The evaluator running in a thread, and its metrics; stopped on leaving."""
+    registry, stop = prometheus_client.CollectorRegistry(), threading.Event()
+    metrics = evaluator.EvaluatorMetrics(registry)
+    thread = threading.Thread(target=evaluator.run, args=(settings, registry, stop, metrics))
+    thread.start()
+    try:
+        yield registry
+    finally:
+        stop.set()
+        thread.join(10)
 
 
 def marked(arrays: dict, version: int) -> dict:
@@ -55,18 +71,11 @@ def test_a_window_plays_each_version_in_order_while_the_learner_keeps_it(
             algorithm="ppo", env=ENV, learner=address, episodes=2, confirm_episodes=0,
             interval=0.0, window=window,
         )  # fmt: skip
-        registry, stop = prometheus_client.CollectorRegistry(), threading.Event()
-        metrics = evaluator.EvaluatorMetrics(registry)
-        thread = threading.Thread(target=evaluator.run, args=(settings, registry, stop, metrics))
-        thread.start()
-        try:
+        with evaluating(settings) as registry:
             wait_for(lambda: played, 20, "the first evaluation")
             for step in range(1, 30):
                 store.publish(marked(arrays, step + 1), update_step=step)
             wait_for(lambda: played[-1] == 30, 60, "version 30 played")
-        finally:
-            stop.set()
-            thread.join(10)
     assert played[0] == 1 and played[-1] == 30
     assert all(np.diff(played) > 0), played
     if window > 30 and kept_versions > 30:
@@ -134,15 +143,8 @@ def test_a_cpu_share_spaces_the_rounds_by_their_cpu_time(tmp_path, monkeypatch, 
             algorithm="ppo", env=ENV, learner=address, episodes=2, confirm_episodes=0,
             interval=0.0, cpu_share=cpu_share,
         )  # fmt: skip
-        registry, stop = prometheus_client.CollectorRegistry(), threading.Event()
-        metrics = evaluator.EvaluatorMetrics(registry)
-        thread = threading.Thread(target=evaluator.run, args=(settings, registry, stop, metrics))
-        thread.start()
-        try:
+        with evaluating(settings) as registry:
             wait_for(lambda: len(starts) >= 5, 30, "5 rounds")
-        finally:
-            stop.set()
-            thread.join(10)
     gaps = np.diff(starts[:5])
     held = registry.get_sample_value("apexrl_evaluation_held_back_seconds_total")
     if cpu_share:
