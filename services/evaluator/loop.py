@@ -82,12 +82,7 @@ def run(
     metrics: EvaluatorMetrics | None = None,
 ) -> None:
     """metrics: registered by the caller before the ready file, so every scrape sees them."""
-    if config.window < 0:
-        raise ValueError(f"window: must be >= 0 (0: the newest version only), got {config.window}")
-    if not 0 <= config.nice <= 19:
-        raise ValueError(f"nice: must be 0 to 19, got {config.nice}")
-    if not 0 <= config.cpu_share < math.inf:  # NaN fails too
-        raise ValueError(f"cpu_share: must be >= 0 cores (0: no bound), got {config.cpu_share}")
+    check(config)
     os.nice(config.nice)
     m = metrics or EvaluatorMetrics(registry)
     builder = algorithms.make(config)
@@ -133,18 +128,7 @@ def run(
             version, lineage, newest = params.version, params.lineage, params.newest_version
             round_seed = play.next_seed
             returns = play(config.episodes)
-            for value in returns:
-                m.returns.observe(value)
-            m.mean_return.set(float(returns.mean()))
-            m.version.set(version)
-            m.rounds.inc()
-            log.info(
-                "evaluation of version %d (update %d): mean return %.1f over %d episodes",
-                version,
-                params.update_step,
-                returns.mean(),
-                len(returns),
-            )
+            report(m, params, returns)
             before, best = best, offer_best(learner, params, returns, best, play, config, m)
             if videos is not None and best > before:
                 recorded = videos.new_best(version, round_seed)
@@ -158,6 +142,32 @@ def run(
         pass
     finally:
         learner.close()
+
+
+def check(config: EvaluatorConfig) -> None:
+    """ValueError naming a setting the evaluator cannot run with."""
+    if config.window < 0:
+        raise ValueError(f"window: must be >= 0 (0: the newest version only), got {config.window}")
+    if not 0 <= config.nice <= 19:
+        raise ValueError(f"nice: must be 0 to 19, got {config.nice}")
+    if not 0 <= config.cpu_share < math.inf:  # NaN fails too
+        raise ValueError(f"cpu_share: must be >= 0 cores (0: no bound), got {config.cpu_share}")
+
+
+def report(m: EvaluatorMetrics, params, returns: np.ndarray) -> None:
+    """A round's returns to the metrics and the log."""
+    for value in returns:
+        m.returns.observe(value)
+    m.mean_return.set(float(returns.mean()))
+    m.version.set(params.version)
+    m.rounds.inc()
+    log.info(
+        "evaluation of version %d (update %d): mean return %.1f over %d episodes",
+        params.version,
+        params.update_step,
+        returns.mean(),
+        len(returns),
+    )
 
 
 def pause_seconds(config: EvaluatorConfig, wall: float, cpu: float) -> float:
