@@ -19,8 +19,18 @@ from apexrl.common.parameters import ParameterStore
 from apexrl.learner import pretraining
 from apexrl.learner.metrics import LearnerMetrics
 from apexrl.learner.training import Learner
+from apexrl.local import run as local_run
 
 ENV = "CartPole-v1"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Small networks: one torch thread is faster, and much faster on a loaded machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def rule(observations: np.ndarray) -> np.ndarray:
@@ -80,13 +90,18 @@ def test_cloning_lowers_the_loss_and_reproduces_the_demonstrated_actions(tmp_pat
 
 def test_the_learner_clones_before_its_first_version(tmp_path):
     """The first published version is the cloned policy, and the gauges say how it fits."""
-    synthetic(tmp_path / "demos")
+    observations = synthetic(tmp_path / "demos")
     config = cfg.LearnerConfig(
         env=ENV, algorithm="ppo", seed=3, pretrain_demonstrations=str(tmp_path / "demos")
     )
     metrics = LearnerMetrics(prometheus_client.CollectorRegistry())
-    learner = Learner(config, algorithms.make(config), metrics, ParameterStore(0))
-    assert learner.store.version == 1
+    builder = algorithms.make(config)
+    learner = Learner(config, builder, metrics, ParameterStore(0))
+    assert learner.store.version == 1 and learner.update_step == 0
+    policy = builder.policy()
+    policy.load(learner.learning.parameters())
+    acted = policy.act(observations, 0.0, np.random.default_rng(0))
+    assert (acted == rule(observations)).mean() >= 0.95
     assert metrics.pretrain_accuracy._value.get() >= 0.95
 
 
@@ -132,3 +147,24 @@ def test_an_episode_file_of_another_env_is_named(tmp_path):
     metrics = LearnerMetrics(prometheus_client.CollectorRegistry())
     with pytest.raises(ValueError, match=r"pretrain_demonstrations: .*episode-00001.npz: env_id"):
         Learner(config, algorithms.make(config), metrics, ParameterStore(0))
+
+
+@pytest.mark.parametrize(
+    "learner, message",
+    [
+        (
+            'pretrain_demonstrations = "{demos}"',
+            r"pretrain_demonstrations: .*env_id: 'CartPole-v1'",
+        ),
+        ("pretrain_batch_size = 0", r"pretrain_batch_size: must be >= 1, got 0"),
+    ],
+)
+def test_local_mode_refuses_them_before_any_process_starts(tmp_path, capsys, learner, message):
+    synthetic(tmp_path / "demos")
+    config = tmp_path / "run.toml"
+    config.write_text("[learner]\n" + learner.format(demos=tmp_path / "demos") + "\n")
+    argv = ["--env", "Acrobot-v1", "--config", str(config), "--run-dir", str(tmp_path / "run")]
+    assert local_run.main(argv) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "run" / "config.toml").exists()
+    assert not list((tmp_path / "run" / "logs").iterdir())
