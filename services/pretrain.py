@@ -32,6 +32,7 @@ def main(argv: list[str]) -> int:
         print(f"apexrl pretrain: error: {err}", file=sys.stderr)
         return 2
     assert pairs is not None
+    observations, actions = pairs
     logging.basicConfig(level=config.log_level, format="%(message)s")
     torch.set_num_threads(config.threads)
     if config.seed:
@@ -39,14 +40,14 @@ def main(argv: list[str]) -> int:
     device = pick_device(config.device)
     learning = builder.learning(config, device)
     try:
-        figures = pretraining.clone(learning, *pairs, config, device)
+        figures = pretraining.clone(learning, observations, actions, config, device)
     except ValueError as err:  # an algorithm with no policy to clone
         print(f"apexrl pretrain: error: {err}", file=sys.stderr)
         return 2
     counters = {"update_step": 0, "version": 1, "samples_consumed": 0}
     checkpoint.save(config, builder.name, learning, counters)
     print(
-        f"{builder.name} on {config.env}: {config.pretrain_steps} steps on {len(pairs[1])} pairs"
+        f"{builder.name} on {config.env}: {config.pretrain_steps} steps on {len(actions)} pairs"
         f" of {config.pretrain_demonstrations}: loss {figures['loss']:.4f}, accuracy"
         f" {figures['accuracy']:.3f}; checkpoint in {config.checkpoint_dir} (play it: apexrl"
         f" eval --checkpoint {config.checkpoint_dir})"

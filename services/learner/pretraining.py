@@ -25,7 +25,9 @@ from apexrl.config import LearnerConfig
 CHUNK = 4096
 
 
-def demonstration_pairs(config: LearnerConfig, spec: EnvSpec):
+def demonstration_pairs(
+    config: LearnerConfig, spec: EnvSpec
+) -> tuple[np.ndarray, np.ndarray] | None:
     """(observations, actions) of the pretrain_demonstrations folder, checked against the env
     (ValueError naming the setting and the file); None when behaviour cloning is off."""
     if not config.pretrain_demonstrations:

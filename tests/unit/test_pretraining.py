@@ -168,3 +168,31 @@ def test_local_mode_refuses_them_before_any_process_starts(tmp_path, capsys, lea
     assert re.search(message, capsys.readouterr().err)
     assert not (tmp_path / "run" / "config.toml").exists()
     assert not list((tmp_path / "run" / "logs").iterdir())
+
+
+def test_a_gaussian_policy_learns_box_actions(tmp_path):
+    """Box actions: the Gaussian's negative log-likelihood; the evaluation policy's actions
+    (the mean, clipped) come within 0.1 of the demonstrated ones, whose spread is 0.5."""
+    spec, rng, made = env_spec("Pendulum-v1"), np.random.default_rng(0), []
+    for _ in range(2):
+        obs = rng.normal(0, 1, (201, *spec.obs_shape)).astype(np.float32)
+        ends = np.zeros(200, bool)
+        ends[-1] = True
+        actions = (-0.5 * obs[:-1, 2:3]).astype(np.float32)
+        made.append(Episode(obs, actions, np.zeros(200), ends, np.zeros(200, bool)))
+    demonstrations.save(demonstrations.prepare(str(tmp_path / "demos")), spec, made)
+    config = cfg.LearnerConfig(
+        env="Pendulum-v1",
+        algorithm="ppo",
+        pretrain_demonstrations=str(tmp_path / "demos"),
+        pretrain_steps=300,
+    )
+    builder = algorithms.make(config)
+    learning = builder.learning(config, torch.device("cpu"))
+    observations, actions = pretraining.demonstration_pairs(config, builder.spec)
+    figures = pretraining.clone(learning, observations, actions, config, torch.device("cpu"))
+    assert np.isnan(figures["accuracy"])
+    policy = builder.policy()
+    policy.load(learning.parameters())
+    acted = policy.act(observations, 0.0, rng)
+    assert np.abs(acted - actions).mean() < 0.1 and actions.std() > 0.4
