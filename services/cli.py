@@ -158,6 +158,12 @@ def evaluate(argv: list[str]) -> None:
     sys.exit(play.main(argv))
 
 
+def pretrain(argv: list[str]) -> None:
+    from apexrl import pretrain as cloning
+
+    sys.exit(cloning.main(argv))
+
+
 def tables(argv: list[str]) -> None:
     from apexrl import replay_tables
 
@@ -185,6 +191,7 @@ COMMANDS = {
     "actor": (actor, "acts in gymnasium envs, inserts the algorithm's items into replay"),
     "evaluator": (evaluator, "plays the newest parameters greedily, reports returns"),
     "eval": (evaluate, "plays a learner checkpoint greedily and prints the returns"),
+    "pretrain": (pretrain, "behaviour cloning from demonstrations, to a learner checkpoint"),
     "tables": (tables, "a config file's [[replay.tables]], from its algorithm's settings"),
     "plot": (plot, "overlays local-mode runs' learning curves in one PNG"),
     "set": (set_settings, "changes settings of a running learner (learning_rate=1e-4 ...)"),

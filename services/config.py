@@ -360,6 +360,31 @@ class LearnerConfig(AgentConfig, ClientTLSConfig, ServeConfig):
         "also write the learner's gauges and counters as TensorBoard scalars (step: the update"
         " step) to this folder (empty: none; needs the tensorboard extra)",
     )
+    # Behaviour cloning before the first version (learner/pretraining.py,
+    # docs/demonstrations.md#behaviour-cloning).
+    pretrain_demonstrations: str = option(
+        "",
+        "a folder of demonstrations of this env (apexrl eval --record DIR): before its first"
+        " parameter version the learner trains the policy to take their actions (empty: off;"
+        " not again when it resumes from a checkpoint)",
+    )
+    pretrain_steps: int = option(1000, "behaviour cloning's gradient steps")
+    pretrain_batch_size: int = option(256, "(observation, action) pairs per cloning step")
+    pretrain_learning_rate: float = option(1e-3, "behaviour cloning's Adam learning rate")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_pretrain(self.pretrain_steps, self.pretrain_batch_size, self.pretrain_learning_rate)
+
+
+def check_pretrain(steps: int, batch_size: int, learning_rate: float) -> None:
+    """ValueError naming the pretrain_ setting that cannot work."""
+    if steps < 0:
+        raise ValueError(f"pretrain_steps: must be >= 0, got {steps}")
+    if batch_size < 1:
+        raise ValueError(f"pretrain_batch_size: must be >= 1, got {batch_size}")
+    if not (learning_rate > 0 and math.isfinite(learning_rate)):
+        raise ValueError(f"pretrain_learning_rate: must be finite and > 0, got {learning_rate}")
 
 
 @dataclass

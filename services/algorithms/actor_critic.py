@@ -206,6 +206,11 @@ class UnrollLearning(Learning):
         values = values.reshape(b, t1).transpose(0, 1)
         return out[:-1], values[:-1], values[-1]
 
+    def imitation(self, obs: torch.Tensor):
+        """The policy head's output (logits, or a Gaussian's mean and log-std) and its
+        distribution: what behaviour cloning trains."""
+        return self.net.policy(obs), self.net.distribution
+
     @staticmethod
     def time_major(batch: dict[str, torch.Tensor], name: str) -> torch.Tensor:
         return batch[name].transpose(0, 1)

@@ -163,6 +163,20 @@ class Learning(ABC):
 
         return [v for v in vars(self).values() if isinstance(v, torch.optim.Optimizer)]
 
+    def imitation(self, obs: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Behaviour cloning's hook (learner/pretraining.py): the output of the policy the
+        actors act by on observations [B, ...], with gradients, and its distribution, whose
+        `evaluate(out, actions)` returns log pi(actions) first (ppo.losses.Categorical over
+        logits, gaussian.DiagGaussian over a Gaussian's mean and log-std). Default: no policy
+        to clone (ValueError naming the setting)."""
+        raise ValueError(
+            f"pretrain_demonstrations: {type(self).__name__} has no policy behaviour cloning can"
+            " train (leave it empty)"
+        )
+
+    def cloned(self) -> None:  # noqa: B027 (a hook: most have nothing to follow the weights)
+        """After behaviour cloning: what must follow the policy's new weights (a target)."""
+
     @abstractmethod
     def parameters(self) -> dict[str, np.ndarray]:
         """The parameters actors and evaluators need (float32 numpy, copied)."""

@@ -19,6 +19,7 @@ names the file and the field that does not fit.
 """
 
 import json
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,6 +163,29 @@ def load(folder: str | Path, spec: EnvSpec) -> list[Episode]:
     if index.get("env_id") != spec.env_id:
         raise ValueError(f"{folder / INDEX}: env_id: {index.get('env_id')!r}, not {spec.env_id!r}")
     return [load_episode(folder / entry["file"], spec) for entry in index["episodes"]]
+
+
+def pairs(
+    folder: str | Path, spec: EnvSpec, setting: str = "pretrain_demonstrations"
+) -> tuple[np.ndarray, np.ndarray]:
+    """What behaviour cloning learns from: (observations [N, *obs_shape], actions [N, ...]), each
+    observation of the folder's episodes with the action taken on it (the last one of each
+    episode, which nothing was taken on, left out). ValueError naming `setting` and the file
+    for a folder that is not one of demonstrations of this env, or that holds none."""
+    index = Path(folder) / INDEX
+    if not index.is_file():
+        raise ValueError(
+            f"{setting}: {index}: no such file (a folder of demonstrations, as apexrl eval"
+            " --record writes, holds one)"
+        )
+    try:
+        episodes = load(folder, spec)
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as err:
+        raise ValueError(f"{setting}: {err}") from None
+    if not episodes:
+        raise ValueError(f"{setting}: {index}: lists no episodes")
+    observations = np.concatenate([episode.observations[:-1] for episode in episodes])
+    return observations, np.concatenate([episode.actions for episode in episodes])
 
 
 def play(policy: Policy, spec: EnvSpec, seed: int, exploration: float, options: EnvOptions):

@@ -185,6 +185,10 @@ class TargetNetworkLearning:
         if update % self.settings.target_update_interval == 0:
             sync_target(self.target, self.online, self.settings.target_tau)
 
+    def cloned(self) -> None:
+        """After behaviour cloning the target starts from the cloned network."""
+        sync_target(self.target, self.online, 1.0)
+
     def parameters(self) -> dict[str, np.ndarray]:
         return state_to_numpy(self.online)
 

@@ -1,5 +1,6 @@
 """The learner's Prometheus metrics."""
 
+import math
 from collections.abc import Mapping
 
 import prometheus_client
@@ -80,6 +81,17 @@ class LearnerMetrics:
             ["setting"],
             registry=registry,
         )
+        self.pretrain_loss = gauge(
+            "pretrain_loss",
+            "Behaviour cloning's final loss, -log pi(a|s) over every demonstrated pair (NaN: none).",
+        )
+        self.pretrain_accuracy = gauge(
+            "pretrain_accuracy",
+            "Share of the demonstrated pairs whose most likely action after behaviour cloning is"
+            " the demonstrated one (NaN: none, or Box actions).",
+        )
+        self.pretrain_loss.set(math.nan)
+        self.pretrain_accuracy.set(math.nan)
         self.checkpoint_failures = counter(
             "checkpoint_failures", "Checkpoints that failed to write (previous ones kept)."
         )

@@ -26,7 +26,7 @@ from apexrl.algorithms.columns import unpack
 from apexrl.common.errors import InvalidArgument
 from apexrl.common.parameters import ParameterStore
 from apexrl.config import LearnerConfig
-from apexrl.learner import checkpoint
+from apexrl.learner import checkpoint, pretraining
 from apexrl.learner.device import autocast_dtype, pick_device
 from apexrl.learner.metrics import LearnerMetrics
 from apexrl.learner.replay_checks import check_columns, check_table
@@ -57,6 +57,8 @@ class Learner:
                     f"auxiliary dataset of table {dataset.table!r}: must be prefetched and not"
                     " prioritized (a batch of it joins each update's batch)"
                 )
+        # Checked before anything is built: a folder that does not fit stops the learner here.
+        demonstrations = pretraining.demonstration_pairs(config, builder.spec)
         self.device = pick_device(config.device)
         self.autocast_dtype = autocast_dtype(config.precision, self.device)
         precision = "bfloat16 autocast" if self.autocast_dtype else "float32"
@@ -85,9 +87,27 @@ class Learner:
             self.publish(version=meta["version"])
             metrics.update_step.set(self.update_step)
             self.resume_live_settings(meta.get("live_settings", {}))
+        if meta is None and demonstrations is not None:  # resumed: cloned already
+            self.pretrain(*demonstrations)
         if self.store.version == 0:
             self.publish()
         self.scheduled.apply(self.update_step)
+
+    def pretrain(self, observations: np.ndarray, actions: np.ndarray) -> None:
+        """Behaviour cloning on the demonstrations, before the first version is published."""
+        started = time.perf_counter()
+        figures = pretraining.clone(self.learning, observations, actions, self.config, self.device)
+        log.info(
+            "behaviour cloning: %d steps on %d pairs of %s in %.1f s: loss %.4f, accuracy %.3f",
+            self.config.pretrain_steps,
+            len(actions),
+            self.config.pretrain_demonstrations,
+            time.perf_counter() - started,
+            figures["loss"],
+            figures["accuracy"],
+        )
+        self.metrics.pretrain_loss.set(figures["loss"])
+        self.metrics.pretrain_accuracy.set(figures["accuracy"])
 
     def resume_live_settings(self, changes: dict[str, float]) -> None:
         """The live changes a checkpoint holds, over the config's values (ValueError: one

@@ -146,6 +146,27 @@ def write_config(config: LocalConfig, user_file: dict, run_dir: Path) -> dict:
         video.prepare(config.env, EnvOptions.of(config), str(run_dir / "videos"))
         settings["evaluator"]["video_every"] = config.video_every
         settings["evaluator"]["video_dir"] = str(run_dir / "videos")
+    check_pretrain(settings["learner"], config)
     settings["learner"].setdefault("checkpoint_dir", str(run_dir / "checkpoints"))
     (run_dir / "config.toml").write_text(dump_toml(settings))
     return settings
+
+
+def check_pretrain(learner: dict, config: LocalConfig) -> None:
+    """The learner's behaviour cloning settings, checked before any process starts: the
+    numbers, and the demonstrations against the env (ValueError naming the setting and the
+    file, as the learner would)."""
+    from apexrl.algorithms import demonstrations
+    from apexrl.algorithms.envs import env_spec
+
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg.LearnerConfig)}
+    names = ("pretrain_steps", "pretrain_batch_size", "pretrain_learning_rate")
+    kinds = (int, int, float)
+    values = [
+        cfg.convert(learner.get(name, defaults[name]), kind, name)
+        for name, kind in zip(names, kinds, strict=True)
+    ]
+    cfg.check_pretrain(*values)
+    if learner.get("pretrain_demonstrations"):
+        spec = env_spec(config.env, EnvOptions.of(config))
+        demonstrations.pairs(str(learner["pretrain_demonstrations"]), spec)

@@ -9,6 +9,7 @@ from apexrl.algorithms.base import Learning
 from apexrl.algorithms.dqn.losses import loss_of
 from apexrl.algorithms.dqn.networks import set_noise
 from apexrl.algorithms.networks import TargetNetworkLearning, adam
+from apexrl.algorithms.ppo.losses import Categorical
 
 
 class DQNLearning(TargetNetworkLearning, Learning):
@@ -21,6 +22,12 @@ class DQNLearning(TargetNetworkLearning, Learning):
         return adam(
             self.online.parameters(), self.config.learning_rate, eps=self.settings.adam_epsilon
         )
+
+    def imitation(self, obs):
+        """The Q-values as a softmax policy's logits: behaviour cloning's cross-entropy on them
+        makes the greedy action the demonstrated one (learner/pretraining.py says why not
+        DQfD's margin loss)."""
+        return self.online(obs), Categorical
 
     def update(self, batch, weights, step):
         # Independent noise for the online and target networks at every update (Rainbow).
