@@ -33,7 +33,12 @@ a real `apexrl replay` process, the shipping ReplayClient at the services' batch
    actor steps, over `actor_seconds`: its frames (4 x its apexrl_actor_env_steps counter) per
    CPU-second of the actor process (utime + stime of all its threads, /proc), and per second.
 
-    .venv/bin/python benchmarks/atari.py --backends-only     # 6 and 7 only (~5 minutes)
+8. Where a dqn actor's CPU goes, per env step (4 frames), on one torch thread: the emulator
+   (EnvPool through make_vector_env), acting (policy.step on the batch of `actor_envs` uint8
+   observations), initial priorities (policy.priorities, batches of 64) and packing (zstd,
+   64 at a time), from Pong frames.
+
+    .venv/bin/python benchmarks/atari.py --backends-only     # 6 to 8 only (~5 minutes)
 
 The last line is one JSON object (keys named in issue 12's "Figures").
 """
@@ -449,12 +454,53 @@ def actor_frames(backend: str, seconds: float, folder: Path, num_envs: int) -> d
     }
 
 
+def actor_costs(num_envs: int) -> dict:
+    """Section 8: CPU milliseconds per env step of each part of a dqn actor's step."""
+    import torch
+
+    from apexrl import algorithms
+    from apexrl.algorithms.columns import pack
+    from apexrl.algorithms.envs import EnvOptions, make_vector_env
+    from apexrl.config import ActorConfig
+
+    torch.set_num_threads(1)
+    config = ActorConfig(env="ALE/Pong-v5", algorithm="dqn")
+    policy, rng = algorithms.make(config).policy(), np.random.default_rng(0)
+    envs, obs = make_vector_env("ALE/Pong-v5", num_envs, 0, EnvOptions(atari_backend="envpool"))
+    frames = [obs]
+    while len(frames) * num_envs < 64 + 3 * num_envs:
+        frames.append(envs.step(rng.integers(0, 6, num_envs))[0])
+    seen = np.concatenate(frames)
+    batch = {"obs": seen[:64], "next_obs": seen[3 * num_envs :][:64],
+             "action": rng.integers(0, 6, 64), "reward": np.zeros(64, np.float32),
+             "discount": np.full(64, 0.97, np.float32)}  # fmt: skip
+    columns = algorithms.transition_columns(config)
+
+    def ms_per_env_step(call, items: int, repeats: int) -> float:
+        call()
+        started = time.process_time()
+        for _ in range(repeats):
+            call()
+        return round(1e3 * (time.process_time() - started) / repeats / items, 3)
+
+    costs = {
+        "emulator": ms_per_env_step(lambda: envs.step(rng.integers(0, 6, num_envs)), num_envs, 200),
+        "acting": ms_per_env_step(lambda: policy.step(obs, 0.1, rng), num_envs, 50),
+        "priorities": ms_per_env_step(lambda: policy.priorities(batch), 64, 10),
+        "packing": ms_per_env_step(lambda: pack(batch, columns), 64, 10),
+    }  # fmt: skip
+    envs.close()
+    return {"num_envs": num_envs, "cpu_ms_per_env_step": costs}
+
+
 def backends(args, folder: Path) -> dict:
     """Sections 6 and 7, with the load average beside each."""
     sims = []
     for backend in ("envpool alone", "envpool", "gymnasium"):
         sims.append(sim_frames(backend, args.sim_envs, 4000 // args.sim_envs * 4) | load())
         print(json.dumps({"sim_only": sims[-1]}), flush=True)
+    costs = actor_costs(args.actor_envs) | load()
+    print(json.dumps({"actor_costs": costs}), flush=True)
     actors = {}
     for backend in ("envpool", "gymnasium"):
         actors[backend] = actor_frames(backend, args.actor_seconds, folder, args.actor_envs)
