@@ -103,6 +103,13 @@ def make(
         zero_discount_on_life_loss=False,
         use_fire_reset=False,
     )
+    log.info(
+        "%s: %d envs in EnvPool %s (atari_backend %s)",
+        env_id,
+        num_envs,
+        envpool.__version__,
+        options.atari_backend,
+    )
     vector = EnvPoolAtari(pool, num_envs, fires(env_id, options))
     obs, _ = vector.reset()
     vector.action_space.seed(seed)
