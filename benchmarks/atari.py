@@ -25,6 +25,21 @@ a real `apexrl replay` process, the shipping ReplayClient at the services' batch
    thread samples 512 at a time, another inserts 64 at a time, for `seconds` without and then
    with a Checkpoint call: the slowest call of each kind, both ways.
 
+6. The emulator, sim only: Pong frames per CPU-second (and per wall second) of random play,
+   `sim_envs` envs, one thread: EnvPool alone (its own stack of 4, the protocol's settings),
+   EnvPool through make_vector_env (envpool_atari: FireToStart, stack, SAME_STEP) and the
+   gymnasium path (ale-py under gymnasium's wrappers in a SyncVectorEnv).
+7. The actor: `apexrl local --env ALE/Pong-v5 --actors 1` with each `--atari-backend`; once the
+   actor steps, over `actor_seconds`: its frames (4 x its apexrl_actor_env_steps counter) per
+   CPU-second of the actor process (utime + stime of all its threads, /proc), and per second.
+
+8. Where a dqn actor's CPU goes, per env step (4 frames), on one torch thread: the emulator
+   (EnvPool through make_vector_env), acting (policy.step on the batch of `actor_envs` uint8
+   observations), initial priorities (policy.priorities, batches of 64) and packing (zstd,
+   64 at a time), from Pong frames.
+
+    .venv/bin/python benchmarks/atari.py --backends-only     # 6 to 8 only (~5 minutes)
+
 The last line is one JSON object (keys named in issue 12's "Figures").
 """
 
@@ -357,6 +372,155 @@ def scores(curve: dict, env: str) -> dict:
     }
 
 
+def sim_frames(backend: str, num_envs: int, steps: int) -> dict:
+    """Pong frames per CPU-second and per second of random play on one thread (section 6)."""
+    from apexrl.algorithms.envs import EnvOptions, make_vector_env
+
+    if backend == "envpool alone":
+        import envpool
+
+        envs = envpool.make("Pong-v5", env_type="gymnasium", num_envs=num_envs, num_threads=1,
+                            seed=0, repeat_action_probability=0.25, use_fire_reset=False)  # fmt: skip
+        envs.reset()
+    else:
+        envs, _ = make_vector_env("ALE/Pong-v5", num_envs, 0, EnvOptions(atari_backend=backend))
+    rng = np.random.default_rng(0)
+    actions = rng.integers(0, 6, (steps, num_envs))
+    cpu, wall = time.process_time(), time.perf_counter()
+    for a in actions:
+        envs.step(a)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    envs.close()
+    frames = FRAME_SKIP * num_envs * steps
+    return {
+        "backend": backend,
+        "num_envs": num_envs,
+        "frames_per_cpu_s": round(frames / cpu),
+        "frames_per_s": round(frames / wall),
+    }
+
+
+def process_of(ready_file: Path, timeout: float = 180) -> int:
+    """The pid of the process started with --ready-file `ready_file` (local mode's child)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:  # ended meanwhile
+                continue
+            if str(ready_file).encode() in args:
+                return int(pid)
+        time.sleep(0.2)
+    raise RuntimeError(f"no process with --ready-file {ready_file}")
+
+
+def actor_frames(backend: str, seconds: float, folder: Path, num_envs: int) -> dict:
+    """Section 7: one actor of `apexrl local` on Pong, frames per CPU-second of its process."""
+    from scale_services import cpu_seconds, scrape  # benchmarks/, as proc_stats
+
+    run_dir = folder / f"actor-{backend}-{time.monotonic_ns()}"
+    settings = folder / f"actor-{num_envs}.toml"
+    settings.write_text(f"[actor]\nnum_envs = {num_envs}\n")
+    command = [sys.executable, "-m", "apexrl.cli", "local", "--env", "ALE/Pong-v5", "--actors", "1",
+               "--atari-backend", backend, "--target-return", "100000", "--max-seconds", "900",
+               "--seed", "1", "--run-dir", str(run_dir), "--config", str(settings)]  # fmt: skip
+    local = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    try:
+        ready = run_dir / "ready" / "actor-0.json"
+        pid = process_of(ready)
+        while not ready.exists():
+            time.sleep(0.2)
+        port = json.loads(ready.read_text())["metrics_port"]
+        steps = "apexrl_actor_env_steps_total"
+        while scrape(port).get(steps, 0) == 0:  # the first parameters, then the first step
+            time.sleep(0.5)
+        time.sleep(10)  # warm up: the first pulls, the first inserts
+        before = (scrape(port)[steps], cpu_seconds(pid), time.perf_counter())
+        time.sleep(seconds)
+        after = (scrape(port)[steps], cpu_seconds(pid), time.perf_counter())
+        log = (run_dir / "logs" / "actor-0.log").read_text()
+    finally:
+        local.terminate()
+        local.wait(120)
+    frames = FRAME_SKIP * (after[0] - before[0])
+    return {
+        "backend": backend,
+        "num_envs": num_envs,
+        "frames_per_actor_cpu_s": round(frames / (after[1] - before[1])),
+        "frames_per_s": round(frames / (after[2] - before[2])),
+        "actor_cpu_s_per_s": round((after[1] - before[1]) / (after[2] - before[2]), 2),
+        "envpool_fallback_logged": "not EnvPool" in log,
+    }
+
+
+def actor_costs(num_envs: int) -> dict:
+    """Section 8: CPU milliseconds per env step of each part of a dqn actor's step."""
+    import torch
+
+    from apexrl import algorithms
+    from apexrl.algorithms.columns import pack
+    from apexrl.algorithms.envs import EnvOptions, make_vector_env
+    from apexrl.config import ActorConfig
+
+    torch.set_num_threads(1)
+    config = ActorConfig(env="ALE/Pong-v5", algorithm="dqn")
+    policy, rng = algorithms.make(config).policy(), np.random.default_rng(0)
+    envs, obs = make_vector_env("ALE/Pong-v5", num_envs, 0, EnvOptions(atari_backend="envpool"))
+    frames = [obs]
+    while len(frames) * num_envs < 64 + 3 * num_envs:
+        frames.append(envs.step(rng.integers(0, 6, num_envs))[0])
+    seen = np.concatenate(frames)
+    batch = {"obs": seen[:64], "next_obs": seen[3 * num_envs :][:64],
+             "action": rng.integers(0, 6, 64), "reward": np.zeros(64, np.float32),
+             "discount": np.full(64, 0.97, np.float32)}  # fmt: skip
+    columns = algorithms.transition_columns(config)
+
+    def ms_per_env_step(call, items: int, repeats: int) -> float:
+        call()
+        started = time.process_time()
+        for _ in range(repeats):
+            call()
+        return round(1e3 * (time.process_time() - started) / repeats / items, 3)
+
+    costs = {
+        "emulator": ms_per_env_step(lambda: envs.step(rng.integers(0, 6, num_envs)), num_envs, 200),
+        "acting": ms_per_env_step(lambda: policy.step(obs, 0.1, rng), num_envs, 50),
+        "priorities": ms_per_env_step(lambda: policy.priorities(batch), 64, 10),
+        "packing": ms_per_env_step(lambda: pack(batch, columns), 64, 10),
+    }  # fmt: skip
+    envs.close()
+    return {"num_envs": num_envs, "cpu_ms_per_env_step": costs}
+
+
+def backends(args, folder: Path) -> dict:
+    """Sections 6 and 7, with the load average beside each."""
+    sims = []
+    for backend in ("envpool alone", "envpool", "gymnasium"):
+        sims.append(sim_frames(backend, args.sim_envs, 4000 // args.sim_envs * 4) | load())
+        print(json.dumps({"sim_only": sims[-1]}), flush=True)
+    costs = actor_costs(args.actor_envs) | load()
+    print(json.dumps({"actor_costs": costs}), flush=True)
+    actors = {}
+    for backend in ("envpool", "gymnasium"):
+        actors[backend] = actor_frames(backend, args.actor_seconds, folder, args.actor_envs)
+        print(json.dumps({"actor": actors[backend] | load()}), flush=True)
+    alone = sims[0]["frames_per_cpu_s"]
+    return {
+        "atari_envpool_sim_frames_per_core_s": alone,
+        "atari_gymnasium_sim_frames_per_core_s": sims[2]["frames_per_cpu_s"],
+        "atari_actor_frames_per_core_s_envpool": actors["envpool"]["frames_per_actor_cpu_s"],
+        "atari_actor_frames_per_core_s_gymnasium": actors["gymnasium"]["frames_per_actor_cpu_s"],
+        "atari_actor_share_of_envpool_sim": round(
+            actors["envpool"]["frames_per_actor_cpu_s"] / alone, 3
+        ),
+    }
+
+
+def load() -> dict:
+    return {"load_average_1m": round(os.getloadavg()[0], 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--capacity", type=int, default=200_000)
@@ -370,10 +534,17 @@ def main() -> None:
     parser.add_argument("--algorithm", default="dqn", help="the learning run's algorithm")
     parser.add_argument("--env", default="ALE/Pong-v5", help="the learning run's game")
     parser.add_argument("--config", default="", help="the learning run's TOML settings file")
+    parser.add_argument("--backends-only", action="store_true", help="only sections 6 and 7")
+    parser.add_argument("--sim-envs", type=int, default=4, help="envs of the sim-only timings")
+    parser.add_argument("--actor-envs", type=int, default=4, help="the actor's num_envs")
+    parser.add_argument("--actor-seconds", type=float, default=60.0)
     args = parser.parse_args()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     folder = Path(tempfile.mkdtemp(prefix="apexrl-atari-"))
     figures: dict = {}
+    if args.backends_only:
+        print(json.dumps(backends(args, folder)), flush=True)
+        return
     if args.learn_only:
         curve = learn(args.learn_minutes, folder, args.seed, args.algorithm, args.env, args.config)
         print(json.dumps({"learning": curve}), flush=True)
@@ -416,6 +587,7 @@ def main() -> None:
         "atari_learner_updates_per_s_bfloat16_batch_32": updates["bfloat16_32"],
         "atari_checkpoint_max_extra_wait_ms": stall["max_extra_wait_ms"],
     }  # fmt: skip
+    figures |= backends(args, folder)
     if args.learn_minutes:
         curve = learn(args.learn_minutes, folder, args.seed, args.algorithm, args.env, args.config)
         print(json.dumps({"learning": curve}), flush=True)

@@ -139,6 +139,13 @@ class AgentConfig:
     full_action_space: bool = option(
         False, "Atari: act in all 18 actions instead of the game's minimal set"
     )
+    atari_backend: str = option(
+        "auto",
+        "Atari: the actors' emulator: 'envpool' (EnvPool's C++ envs, the same protocol),"
+        " 'gymnasium' (ale-py under gymnasium's wrappers), 'auto' (envpool where it is installed"
+        " and can play the game, else gymnasium, saying why in one log line); the evaluator and"
+        " `apexrl eval` play with gymnasium",
+    )
     seed: int = option(0, "random seed (0: from the OS); actors and envs derive theirs from it")
     # Reward shaping: what the actors learn from, never what is reported or scored
     # (docs/algorithms.md#reward-shaping has the order in which they apply).

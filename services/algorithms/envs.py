@@ -30,7 +30,12 @@ uint8 [4, 84, 84] (stack first, as the CNN reads them). In games with lives and 
 (Breakout) FIRE is pressed at the start and after each life lost (FireToStart). Rewards stay
 the game's: the actor clips what it learns from (EnvSpec.clip_rewards), every reported return
 is the game score.
-`EnvOptions` holds the settings (AgentConfig's sticky_actions and full_action_space).
+`EnvOptions` holds the settings (AgentConfig's sticky_actions, full_action_space and
+atari_backend).
+
+The actors' Atari envs may instead come from EnvPool's C++ emulator threads (envpool_atari.py:
+the same protocol, frame for frame, and the same SAME_STEP steps); `atari_backend` picks.
+The evaluator and `apexrl eval` play one gymnasium env (make_env) whatever it says.
 """
 
 import dataclasses
@@ -39,7 +44,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from gymnasium.vector import AutoresetMode, SyncVectorEnv, VectorEnv
 
 from apexrl.algorithms import pixel_envs  # noqa: F401 (registers apexrl/Catch-v0)
 
@@ -51,6 +56,10 @@ RETURN_BUCKETS = (0, 10, 25, 50, 100, 200, 300, 400, 475, 500, 1000, 5000, 20000
 # Atari: emulator frames per env step (agent step), the same action repeated; the literature
 # counts Atari runs in these frames.
 FRAME_SKIP = 4
+NOOP_MAX = 30  # Atari: up to this many no-op frames at an episode's start
+SCREEN_SIZE = 84  # Atari: frames resized to SCREEN_SIZE x SCREEN_SIZE, gray
+FRAME_STACK = 4  # Atari: an observation holds the last FRAME_STACK frames
+ATARI_BACKENDS = ("auto", "gymnasium", "envpool")
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,13 @@ class EnvOptions:
 
     sticky_actions: float = 0.25  # Atari: P(the emulator repeats the previous action)
     full_action_space: bool = False  # Atari: all 18 actions instead of the game's minimal set
+    atari_backend: str = "auto"  # Atari: the actors' emulator, one of ATARI_BACKENDS
+
+    def __post_init__(self):
+        if self.atari_backend not in ATARI_BACKENDS:
+            raise ValueError(
+                f"atari_backend: {self.atari_backend!r} is none of {', '.join(ATARI_BACKENDS)}"
+            )
 
     @classmethod
     def of(cls, config) -> "EnvOptions":
@@ -152,8 +168,10 @@ def make_env(
         full_action_space=options.full_action_space,
         **rendering,
     )
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=FRAME_SKIP, screen_size=84)
-    return gym.wrappers.FrameStackObservation(FireToStart(env), 4)
+    env = gym.wrappers.AtariPreprocessing(
+        env, noop_max=NOOP_MAX, frame_skip=FRAME_SKIP, screen_size=SCREEN_SIZE
+    )
+    return gym.wrappers.FrameStackObservation(FireToStart(env), FRAME_STACK)
 
 
 class FireToStart(gym.Wrapper):
@@ -214,11 +232,18 @@ def make_vector_env(
     num_envs: int,
     seed: int,
     options: EnvOptions = EnvOptions(),  # noqa: B008 (frozen)
-) -> tuple[SyncVectorEnv, np.ndarray]:
-    """A SAME_STEP-autoreset SyncVectorEnv, reset with seeds seed, seed+1, ...
+) -> tuple[VectorEnv, np.ndarray]:
+    """A SAME_STEP-autoreset vector env, reset with seeds seed, seed+1, ...: a SyncVectorEnv,
+    or for Atari games EnvPool's where options.atari_backend has it (envpool_atari.py).
 
     Returns (envs, first observations). The action space is seeded too.
     """
+    if is_atari(env_id) and options.atari_backend != "gymnasium":
+        from apexrl.algorithms import envpool_atari
+
+        made = envpool_atari.make(env_id, num_envs, seed, options)
+        if made is not None:
+            return made
     envs = SyncVectorEnv(
         [lambda: make_env(env_id, options) for _ in range(num_envs)],
         autoreset_mode=AutoresetMode.SAME_STEP,

@@ -42,6 +42,16 @@ def test_targets_use_online_argmax_and_target_value():
     assert not y.requires_grad
 
 
+def test_one_net_as_online_and_target_is_one_pass_over_next_obs():
+    """An actor's priorities (Ape-X: its net is both): max_a Q(s', a), from one pass."""
+    net, calls = TableQ(ONLINE), []
+    net.register_forward_hook(lambda module, args, out: calls.append(args[0]))
+    b = make_batch()
+    y = td_targets(net, net, b["reward"], b["discount"], b["next_obs"])
+    torch.testing.assert_close(y, torch.tensor([1 + 0.5 * 3.0, 2.0, 0.5]))
+    assert len(calls) == 1
+
+
 def test_loss_and_td_errors_by_hand():
     online, target = TableQ(ONLINE), TableQ(TARGET)
     weights = torch.tensor([1.0, 0.5, 2.0])

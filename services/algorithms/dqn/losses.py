@@ -23,8 +23,12 @@ def td_targets(
 ) -> torch.Tensor:
     """Double-DQN targets [B]: online net picks the next action, target net values it."""
     with torch.no_grad():
-        next_action = online(next_obs).argmax(dim=1, keepdim=True)
-        next_value = target(next_obs).gather(1, next_action).squeeze(1)
+        next_q = online(next_obs)
+        next_action = next_q.argmax(dim=1, keepdim=True)
+        # An actor's priorities take its one net as both (Ape-X): one pass over next_obs, not
+        # two (a third of the CNN passes of an Atari actor's priorities).
+        values = next_q if target is online else target(next_obs)
+        next_value = values.gather(1, next_action).squeeze(1)
         return reward + discount * next_value
 
 
