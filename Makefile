@@ -21,8 +21,8 @@ $(VENV)/.installed: pyproject.toml
 	@$(PIP_INSTALL) --upgrade pip
 	@echo "setup: installing $(TORCH)"
 	@$(PIP_INSTALL) "$(TORCH)"
-	@echo "setup: installing apexrl with its extras (local, continuous, atari, test, bench)"
-	@$(PIP_INSTALL) -e ".[local,continuous,atari,test,bench]"
+	@echo "setup: installing apexrl with its extras (local, continuous, atari, envpool, test, bench)"
+	@$(PIP_INSTALL) -e ".[local,continuous,atari,envpool,test,bench]"
 	@touch $@
 
 run: setup
