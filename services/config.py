@@ -21,28 +21,17 @@ from apexrl.config_parsing import (  # noqa: F401
     build_parser,
     convert,
     env_name,
+    file_option,
     import_callable,
+    option,
     parse,
 )
-
-
-def option(
-    default: Any,
-    help: str,
-    schedule: str = "",
-    per_actor: str = "",
-    within: tuple[float, float] | None = None,
-) -> Any:
-    """A config field with its documentation; `schedule`: a number that may change over a run,
-    given a schedule (schedules.py) instead, over the steps it names ("updates": the
-    learner's; "env steps": an actor's own); `per_actor`: an actor-side setting each actor may
-    draw from a distribution (draws.py: "draw"; "ladder": a ladder too), its values `within`."""
-    if schedule:
-        help += f" (a number, or a schedule over {schedule}: docs/algorithms.md#schedules)"
-    if per_actor:
-        help += " (or drawn per actor: docs/algorithms.md#settings-drawn-per-actor)"
-    metadata = {"help": help, "schedule": schedule, "per_actor": per_actor, "within": within}
-    return field(default=default, metadata=metadata)
+from apexrl.table_config import (  # noqa: F401
+    RATIO_ONLY,
+    ReplayTableConfig,
+    TableFields,
+    replay_table_configs,
+)
 
 
 @dataclass
@@ -187,86 +176,6 @@ def check_rewards(config: AgentConfig) -> None:
             raise ValueError(f"{name}: must be a finite number, got {getattr(config, name)}")
     if config.reward_potential:
         import_callable(config.reward_potential, "reward_potential")
-
-
-def file_option(help: str) -> Any:
-    """A config field only a config file can set (a TOML array of tables): no flag, no env."""
-    return field(default_factory=list, metadata={"help": help, "file_only": True})
-
-
-@dataclass
-class TableFields:
-    """A replay table's settings but its name, in Reverb's vocabulary (replay/samplers.py and the
-    file comment of protos/apexrl/v1/replay.proto have the semantics): each `[[replay.tables]]`
-    entry's keys, and the replay's flat settings of its one table when it has no entries."""
-
-    capacity: int = option(1_000_000, "items the table holds; at capacity the remover acts")
-    sampler: str = option(
-        "prioritized",
-        "prioritized, uniform, fifo (oldest first), lifo or balanced (half of a batch marked)",
-    )
-    remover: str = option(
-        "fifo", "at capacity: fifo (evict the oldest) or none (inserts wait: a queue)"
-    )
-    max_times_sampled: int = option(0, "an item leaves after this many samples (0: never)")
-    alpha: float = option(0.6, "priority exponent: P(i) = p_i^alpha / sum p^alpha; 0 is uniform")
-    rate_limiter: str = option(
-        "ratio",
-        "ratio (min_size_to_sample, samples_per_insert, error_buffer) or queue (remover none:"
-        " inserts wait for room, samples for a whole batch)",
-    )
-    min_size_to_sample: int = option(1000, "ratio: sampling waits until the table holds this many")
-    samples_per_insert: float = option(
-        0.0, "ratio: target sampled items per inserted item (0 disables the ratio)"
-    )
-    error_buffer: float = option(
-        0.0, "ratio: allowed deviation from samples_per_insert, in samples"
-    )
-    signature: str = option(
-        "",
-        "column specs 'name:dtype:d0xd1,...' e.g. 'obs:float32:4,action:int64:' (empty: fixed by"
-        " the first insert)",
-    )
-
-
-@dataclass
-class ReplayTableConfig(TableFields):
-    """One `[[replay.tables]]` entry: a named table."""
-
-    name: str = option("", "table name (required, unique in the server)")
-
-
-# The settings of a ratio rate limiter (a queue has none).
-RATIO_ONLY = ("min_size_to_sample", "samples_per_insert", "error_buffer")
-
-
-def replay_table_configs(entries: list[dict], where: str = "[[replay.tables]]"):
-    """The `[[replay.tables]]` entries as ReplayTableConfig; ValueError naming the table and the
-    key for an unknown key, a missing name, a name declared twice, or a ratio setting on a queue."""
-    kinds = {f.name: f.type for f in dataclasses.fields(ReplayTableConfig)}
-    tables: list[ReplayTableConfig] = []
-    for i, entry in enumerate(entries):
-        if not isinstance(entry, dict):
-            raise ValueError(f"{where}: entry {i} must be a table of settings, got {entry!r}")
-        name = entry.get("name")
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"{where}: entry {i} needs a name (a non-empty string)")
-        for key in entry:
-            if key not in kinds:
-                raise ValueError(f"{where}: table {name!r} has unknown key {key!r}")
-        if name in {t.name for t in tables}:
-            raise ValueError(f"{where}: table {name!r} is declared twice")
-        if entry.get("rate_limiter") == "queue":
-            for key in RATIO_ONLY:
-                if key in entry:
-                    raise ValueError(
-                        f"{where}: table {name!r}: {key} applies to rate_limiter 'ratio' only"
-                    )
-        values = {
-            k: convert(v, kinds[k], f"{where}: table {name!r}: {k}") for k, v in entry.items()
-        }
-        tables.append(ReplayTableConfig(**values))
-    return tables
 
 
 @dataclass

@@ -9,8 +9,33 @@ import os
 import sys
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+
+def option(
+    default: Any,
+    help: str,
+    schedule: str = "",
+    per_actor: str = "",
+    within: tuple[float, float] | None = None,
+) -> Any:
+    """A config field with its documentation; `schedule`: a number that may change over a run,
+    given a schedule (schedules.py) instead, over the steps it names ("updates": the
+    learner's; "env steps": an actor's own); `per_actor`: an actor-side setting each actor may
+    draw from a distribution (draws.py: "draw"; "ladder": a ladder too), its values `within`."""
+    if schedule:
+        help += f" (a number, or a schedule over {schedule}: docs/algorithms.md#schedules)"
+    if per_actor:
+        help += " (or drawn per actor: docs/algorithms.md#settings-drawn-per-actor)"
+    metadata = {"help": help, "schedule": schedule, "per_actor": per_actor, "within": within}
+    return field(default=default, metadata=metadata)
+
+
+def file_option(help: str) -> Any:
+    """A config field only a config file can set (a TOML array of tables): no flag, no env."""
+    return field(default_factory=list, metadata={"help": help, "file_only": True})
+
 
 T = TypeVar("T")
 

@@ -81,17 +81,7 @@ class LearnerMetrics:
             ["setting"],
             registry=registry,
         )
-        self.pretrain_loss = gauge(
-            "pretrain_loss",
-            "Behaviour cloning's final loss, -log pi(a|s) over every demonstrated pair (NaN: none).",
-        )
-        self.pretrain_accuracy = gauge(
-            "pretrain_accuracy",
-            "Share of the demonstrated pairs whose most likely action after behaviour cloning is"
-            " the demonstrated one (NaN: none, or Box actions).",
-        )
-        self.pretrain_loss.set(math.nan)
-        self.pretrain_accuracy.set(math.nan)
+        self.pretrain_loss, self.pretrain_accuracy = pretrain_gauges(gauge)
         self.checkpoint_failures = counter(
             "checkpoint_failures", "Checkpoints that failed to write (previous ones kept)."
         )
@@ -101,3 +91,19 @@ class LearnerMetrics:
         self.loss.set(figures["loss"])
         for name, gauge in self.figures.items():
             gauge.set(figures[name])
+
+
+def pretrain_gauges(gauge) -> tuple[prometheus_client.Gauge, prometheus_client.Gauge]:
+    """Behaviour cloning's final loss and accuracy, NaN until it has run (and without it)."""
+    loss = gauge(
+        "pretrain_loss",
+        "Behaviour cloning's final loss, -log pi(a|s) over every demonstrated pair (NaN: none).",
+    )
+    accuracy = gauge(
+        "pretrain_accuracy",
+        "Share of the demonstrated pairs whose most likely action after behaviour cloning is"
+        " the demonstrated one (NaN: none, or Box actions).",
+    )
+    loss.set(math.nan)
+    accuracy.set(math.nan)
+    return loss, accuracy

@@ -4,8 +4,8 @@ docs/demonstrations.md#behaviour-cloning), so that on-policy actors start from t
 
 The loss is the negative log-likelihood of the demonstrated actions under the policy the
 algorithm's Learning.imitation exposes: cross-entropy on a softmax policy's logits, a
-Gaussian's negative log-likelihood on Box actions, and for dqn cross-entropy on the Q-values
-taken as logits. DQfD pretrains with a large-margin loss beside its TD losses; the
+Gaussian's negative log-likelihood on Box actions, and for a Q-network cross-entropy on its
+Q-values taken as logits. DQfD pretrains with a large-margin loss beside its TD losses; the
 cross-entropy has no margin to tune and makes the greedy action the demonstrated one as well
 (the Q-values it leaves are scores, not returns: the TD updates that follow make them returns).
 A fresh Adam of its own: the algorithm's optimizer state starts untouched.
