@@ -134,7 +134,8 @@ def one_run(args, pythonpath: str) -> dict:
     command = [sys.executable, "-m", "apexrl.cli", "local", "--algorithm", args.algorithm,
                "--env", args.env, "--seed", "1", "--run-dir", str(run_dir),
                "--target-return", "1e9",
-               "--max-seconds", str(args.warmup + args.seconds + 60)]  # fmt: skip
+               "--max-seconds", str(args.warmup + args.seconds + 60),
+               *(["--config", args.config] if args.config else [])]  # fmt: skip
     environ = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else None
     local = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environ
@@ -207,6 +208,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--variant", action="append", default=[], help="NAME=DIR")
     parser.add_argument("--raw-dir", default="", help="keep py-spy's raw stacks in this folder")
+    parser.add_argument("--config", default="", help="a TOML file of settings over the presets")
     beside = Path(sys.executable).with_name("py-spy")
     parser.add_argument("--py-spy", default=str(beside) if beside.exists() else "py-spy")
     args = parser.parse_args()
