@@ -24,6 +24,18 @@ from apexrl.replay import server as replay_server
 from apexrl.replay.client import ReplayClient
 
 
+@pytest.fixture
+def one_torch_thread():
+    """Small networks gain nothing from torch's threads, which on a busy machine wait on each
+    other: the tests that train them run on one thread (pytestmark usefixtures)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.02):
     """Polls a condition until it holds (returns its value) or fails the test after `timeout`."""
     deadline = time.monotonic() + timeout

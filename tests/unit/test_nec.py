@@ -13,14 +13,7 @@ from apexrl.algorithms.nec.builder import Settings
 from apexrl.algorithms.nec.dnd import DND
 from apexrl.config import LearnerConfig
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small networks: one torch thread is faster, and much faster on a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def filled(capacity=300, size=200, dim=8, neighbours=50, seed=0) -> tuple[DND, np.ndarray]:

@@ -24,13 +24,7 @@ from apexrl.local import run as local_run
 ENV = "CartPole-v1"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small networks: one torch thread is faster, and much faster on a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def rule(observations: np.ndarray) -> np.ndarray:

@@ -34,13 +34,7 @@ C51 = {"distributional": True, "atoms": 11, "v_min": -3.3, "v_max": 4.7}
 OPTIONS = {"huber": {}, "noisy": {"noisy": True}, "c51": C51, "rainbow": {"noisy": True, **C51}}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small networks: one torch thread is faster, and much faster on a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make(algorithm="dqn", env="CartPole-v1", **settings):
