@@ -45,6 +45,11 @@ class LocalConfig(AgentConfig):
         " tensorboard extra)",
     )
     log_level: str = option("INFO", "logging level of the services (their logs go to RUN_DIR/logs)")
+    learner_cpu: int = option(
+        -1,
+        "pin the learner to this CPU and every other service to the remaining ones (Linux"
+        " sched_setaffinity; -1: no pinning): its one training thread then has a core to itself",
+    )
 
 
 @dataclass

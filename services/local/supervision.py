@@ -4,6 +4,7 @@ peers' ports, and stopped in dependency order."""
 import ctypes
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -28,6 +29,33 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def cpus_for(name: str, learner_cpu: int) -> set[int] | None:
+    """The CPUs service `name` may run on: with learner_cpu >= 0, that one for the learner and
+    the others this process may use for every other service; None (no pinning) otherwise.
+    ValueError naming learner_cpu where it is not one of this process's CPUs, or is its only
+    one."""
+    if learner_cpu < 0:
+        return None
+    allowed = os.sched_getaffinity(0)
+    if learner_cpu not in allowed or len(allowed) < 2:
+        raise ValueError(
+            f"learner_cpu: {learner_cpu} is not one of this machine's CPUs {sorted(allowed)}"
+            " beside another (-1: no pinning)"
+        )
+    return {learner_cpu} if name == "learner" else allowed - {learner_cpu}
+
+
+def child_setup(cpus: set[int] | None):
+    """What a child runs before exec: die with local mode, and keep to `cpus` where given."""
+
+    def setup() -> None:
+        die_with_parent()
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
+
+    return setup
 
 
 @dataclass
@@ -57,6 +85,7 @@ class Child:
 class Run:
     def __init__(self, config: LocalConfig, user_file: dict, run_dir: Path):
         self.config, self.run_dir = config, run_dir
+        cpus_for("learner", config.learner_cpu)  # refused before the run folder is made
         self.children: list[Child] = []
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         (run_dir / "ready").mkdir(exist_ok=True)
@@ -70,8 +99,9 @@ class Run:
         args = [sys.executable, "-m", "apexrl.cli", command, "--config", str(self.config_path)]
         args += ["--host", "127.0.0.1", "--metrics-port", "0", "--ready-file", str(ready), *flags]
         with open(self.run_dir / "logs" / f"{name}.log", "w") as log_file:
+            setup = child_setup(cpus_for(name, self.config.learner_cpu))
             process = subprocess.Popen(
-                args, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
+                args, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=setup
             )
         child = Child(name, process, {}, ready)
         self.children.append(child)
