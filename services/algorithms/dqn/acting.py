@@ -29,21 +29,20 @@ class DQNPolicy(Policy):
     def act(self, obs: np.ndarray, exploration: float, rng: np.random.Generator) -> np.ndarray:
         """Epsilon-greedy: a uniformly random action with probability `exploration`."""
         set_noise(self.net, 0.0)
-        return self._epsilon_greedy(obs, exploration, rng)
+        return self._epsilon_greedy(obs, exploration, rng)[0]
 
     def step(self, obs, exploration, rng):
         set_noise(self.net, 1.0)
-        with torch.no_grad():
-            q = self.net(torch.from_numpy(obs)).numpy()
-        actions = epsilon_greedy(q.argmax(1), exploration, self.net.num_actions, rng)
+        actions, q = self._epsilon_greedy(obs, exploration, rng)
         if self.net.support is not None:  # C51's priorities are KL losses, not TD errors
             return actions, {}
         return actions, {"acting_q": q[np.arange(len(q)), actions].astype(np.float32)}
 
-    def _epsilon_greedy(self, obs, exploration, rng) -> np.ndarray:
+    def _epsilon_greedy(self, obs, exploration, rng) -> tuple[np.ndarray, np.ndarray]:
+        """The actions and the Q-values [B, A] they were chosen on."""
         with torch.no_grad():
-            greedy = self.net(torch.from_numpy(obs)).argmax(1).numpy()
-        return epsilon_greedy(greedy, exploration, self.net.num_actions, rng)
+            q = self.net(torch.from_numpy(obs)).numpy()
+        return epsilon_greedy(q.argmax(1), exploration, self.net.num_actions, rng), q
 
     def priorities(self, columns: dict[str, np.ndarray]) -> np.ndarray:
         """The learner's priority (|TD error| or the KL loss) with the actor's own network as
