@@ -63,6 +63,9 @@ GROUPS = {
             "tests/unit/test_vtrace.py",
         ],
     ),
+    # The actor's side of dqn: acting, its Q-values kept for the initial priorities.
+    "acting_dqn": Group(["algorithms/dqn/acting.py"], ["tests/unit/test_acting_priorities.py"]),
+    "pretraining": Group(["learner/pretraining.py"], ["tests/unit/test_pretraining.py"]),
     "adders": Group(
         [
             "algorithms/adders/nstep.py",

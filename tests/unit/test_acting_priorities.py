@@ -54,10 +54,16 @@ def test_priorities_from_the_acted_q_values_equal_the_losss():
         batch["acting_q"], q[np.arange(len(q)), batch["action"]], rtol=1e-5, atol=1e-6
     )
     without = {name: column for name, column in batch.items() if name != "acting_q"}
-    np.testing.assert_allclose(
-        policy.priorities(batch), policy.priorities(without), rtol=1e-5, atol=1e-6
-    )
-    assert policy.priorities(batch).min() >= 0
+    inputs: list[torch.Tensor] = []
+    hook = policy.net.register_forward_hook(lambda module, args, out: inputs.append(args[0]))
+    with_acting_q = policy.priorities(batch)
+    hook.remove()
+    np.testing.assert_allclose(with_acting_q, policy.priorities(without), rtol=1e-5, atol=1e-6)
+    assert with_acting_q.min() >= 0
+    assert with_acting_q.dtype == policy.priorities(without).dtype == np.float32
+    # The saving: one pass of the network, over next_obs (the loss makes three).
+    assert len(inputs) == 1
+    np.testing.assert_array_equal(inputs[0].numpy(), batch["next_obs"])
 
 
 def test_the_acting_q_is_left_out_of_what_replay_stores():

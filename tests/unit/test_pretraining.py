@@ -82,6 +82,23 @@ def test_cloning_lowers_the_loss_and_reproduces_the_demonstrated_actions(tmp_pat
             assert torch.equal(online, target)
 
 
+def test_the_loss_and_accuracy_are_over_every_pair_across_chunks():
+    """measure() goes over the pairs CHUNK at a time; what it reports is the mean -log pi and
+    the share of greedy agreements over all of them, as one pass over all gives."""
+    config = cfg.LearnerConfig(env=ENV, algorithm="ppo")
+    torch.manual_seed(0)
+    learning = algorithms.make(config).learning(config, torch.device("cpu"))
+    pairs = pretraining.CHUNK + 904
+    obs = torch.randn(pairs, 4)
+    actions = torch.randint(0, 2, (pairs,))
+    with torch.no_grad():
+        out, distribution = learning.imitation(obs)
+        log_pi = distribution.evaluate(out, actions)[0]
+    figures = pretraining.measure(learning, obs, actions)
+    assert figures["loss"] == pytest.approx(float(-log_pi.mean()), rel=1e-5)
+    assert figures["accuracy"] == pytest.approx(float((out.argmax(1) == actions).float().mean()))
+
+
 def test_the_learner_clones_before_its_first_version(tmp_path):
     """The first published version is the cloned policy, and the gauges say how it fits."""
     observations = synthetic(tmp_path / "demos")
