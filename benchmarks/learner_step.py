@@ -13,7 +13,8 @@ on random Pong-shaped batches, one torch thread, in each variant:
 - compiled: the online and target networks through torch.compile (its compile time printed
   apart, not in the rate).
 
-Rates are updates per CPU-second of the timing thread (time.thread_time: the one torch thread
+In process, on a batch already in memory (no replay, gRPC or decode): a ceiling per variant,
+to compare the variants side by side, not a learner's rate. Rates are updates per CPU-second of the timing thread (time.thread_time: the one torch thread
 does the work), so a machine busy with other work reads close to an idle one; the variants
 take turns, `--rounds` times, and each rate is the median of its rounds. One JSON object.
 """
